@@ -1,0 +1,19 @@
+"""Verifiable rewards: math answer checking, reward-function loading and batched scoring."""
+
+from areal_m2po.reward.math_reward import (
+    extract_answer,
+    extract_ground_truth,
+    math_reward_fn,
+    normalise_number,
+)
+from areal_m2po.reward.runner import RewardFn, RewardRunner, load_reward_fn
+
+__all__ = [
+    "RewardFn",
+    "RewardRunner",
+    "extract_answer",
+    "extract_ground_truth",
+    "load_reward_fn",
+    "math_reward_fn",
+    "normalise_number",
+]

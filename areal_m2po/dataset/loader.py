@@ -1,0 +1,325 @@
+"""Load prompt/answer records, turn them into prompt token ids, and batch them resumably.
+
+Records are plain dicts with at least ``question`` (the prompt text) and ``answer``
+(the reference the reward checks; GSM8K answers keep their ``#### N`` text).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from areal_m2po.dataset.arithmetic import make_arithmetic_split
+
+__all__ = ["PromptLoader", "build_prompts", "load_records"]
+
+logger = logging.getLogger("areal_m2po.dataset")
+
+_BUILTIN_PREFIX = "builtin:"
+_BUILTINS = ("arithmetic",)
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+# ---------------------------------------------------------------------------- loading
+def _rename(
+    raw: Mapping[str, Any], prompt_field: str, answer_field: str, where: str
+) -> dict[str, Any]:
+    """One record with ``question``/``answer`` keys taken from the configured fields."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    for name in (prompt_field, answer_field):
+        if name not in raw:
+            raise ValueError(f"{where}: missing field {name!r}")
+    question = raw[prompt_field]
+    if not isinstance(question, str):
+        raise ValueError(
+            f"{where}: field {prompt_field!r} must be a string, got {type(question).__name__}"
+        )
+    answer = raw[answer_field]
+    record = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
+    record["question"] = question
+    record["answer"] = answer if isinstance(answer, str) else str(answer)
+    return record
+
+
+def _read_jsonl(path: str) -> list[tuple[str, Any]]:
+    """(location, parsed object) per non-blank line of a JSON Lines file."""
+    rows: list[tuple[str, Any]] = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                rows.append((where, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
+    return rows
+
+
+def _read_json(path: str) -> list[tuple[str, Any]]:
+    """(location, object) per item of a JSON file holding a list of objects."""
+    with open(path, encoding="utf-8") as handle:
+        try:
+            data = json.load(handle)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
+    return [(f"{path}: item {i}", item) for i, item in enumerate(data)]
+
+
+def _read_parquet(path: str) -> list[tuple[str, Any]]:
+    """(location, row) per row of a Parquet file."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    return [(f"{path}: row {i}", row) for i, row in enumerate(rows)]
+
+
+def _read_hub(path: str, split: str, config_name: str | None) -> list[tuple[str, Any]]:
+    """(location, row) per row of ``datasets.load_dataset(path, config_name, split=split)``."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(path, config_name, split=split)
+    except Exception as exc:  # noqa: BLE001 - any loading failure gets one clear line
+        detail = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"dataset {path!r} (split {split!r}) could not be loaded offline "
+            f"({type(exc).__name__}: {detail}); without network access only cached or "
+            "local datasets load - pass a local .jsonl file (one JSON object per line) instead"
+        ) from exc
+    return [(f"dataset {path!r} row {i}", row) for i, row in enumerate(dataset)]
+
+
+def load_records(
+    path: str,
+    split: str = "train",
+    prompt_field: str = "question",
+    answer_field: str = "answer",
+    max_samples: int | None = None,
+    seed: int = 0,
+    config_name: str | None = None,
+) -> list[dict[str, Any]]:
+    """Load records with ``question`` and ``answer`` keys (other fields kept as they are).
+
+    ``path`` is ``builtin:arithmetic``; a local ``.jsonl``, ``.json`` (list of objects) or
+    ``.parquet`` file; or a local directory / Hub name given to ``datasets.load_dataset``.
+    ``max_samples`` keeps the first records (for the built-in task it is the split size,
+    and ``seed`` shuffles its train split; files keep their order).  ``config_name`` is
+    the ``datasets`` configuration (e.g. ``"main"`` for ``openai/gsm8k``).
+
+    Raises:
+        ValueError: one line saying what is wrong and where (``data.jsonl:7: ...``).
+    """
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
+    if path.startswith(_BUILTIN_PREFIX):
+        name = path[len(_BUILTIN_PREFIX) :]
+        if name not in _BUILTINS:
+            raise ValueError(f"unknown built-in dataset {path!r}; known: builtin:arithmetic")
+        return [dict(r) for r in make_arithmetic_split(split, n=max_samples, seed=seed)]  # type: ignore[arg-type]
+
+    lowered = path.lower()
+    if lowered.endswith(_FILE_SUFFIXES):
+        if not os.path.isfile(path):
+            raise ValueError(f"dataset file {path!r} does not exist")
+        if lowered.endswith(".jsonl"):
+            rows = _read_jsonl(path)
+        elif lowered.endswith(".json"):
+            rows = _read_json(path)
+        else:
+            rows = _read_parquet(path)
+    else:
+        rows = _read_hub(path, split, config_name)
+
+    if max_samples is not None:
+        rows = rows[:max_samples]
+    records = [_rename(row, prompt_field, answer_field, where) for where, row in rows]
+    if not records:
+        raise ValueError(f"dataset {path!r} (split {split!r}) has no records")
+    return records
+
+
+# ---------------------------------------------------------------------------- prompts
+def _as_id_list(encoded: Any) -> list[int]:
+    """Token ids from whatever ``apply_chat_template(tokenize=True)`` returned.
+
+    transformers 4 returns a list of ints; transformers 5 may return a BatchEncoding
+    (a dict with ``input_ids``), possibly batched as ``[[...]]``.
+    """
+    if isinstance(encoded, Mapping):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    ids = list(encoded)
+    if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+        ids = list(ids[0])
+    return [int(i) for i in ids]
+
+
+def _has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def build_prompts(
+    records: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    max_prompt_length: int,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Add ``prompt_ids`` and ``prompt_text`` to copies of ``records``; drop over-long prompts.
+
+    With a chat template (and ``use_chat_template``) the prompt is the user turn
+    (after an optional system turn) plus the generation prompt.  Otherwise it is the
+    question text (after ``system_prompt`` and a blank line, if given), encoded with the
+    tokenizer's usual special tokens.
+
+    Returns:
+        The kept records, and how many were dropped for exceeding ``max_prompt_length``
+        tokens (the caller logs it).
+    """
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+    chat = use_chat_template and _has_chat_template(tokenizer)
+    if use_chat_template and not chat:
+        logger.warning("tokenizer has no chat template; using the plain question text as prompt")
+    kept: list[dict[str, Any]] = []
+    n_dropped = 0
+    for record in records:
+        question = record["question"]
+        if chat:
+            messages = [{"role": "user", "content": question}]
+            if system_prompt is not None:
+                messages.insert(0, {"role": "system", "content": system_prompt})
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            ids = _as_id_list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            )
+        else:
+            text = question if system_prompt is None else f"{system_prompt}\n\n{question}"
+            ids = _as_id_list(tokenizer(text)["input_ids"])
+        if len(ids) > max_prompt_length:
+            n_dropped += 1
+            continue
+        kept.append({**record, "prompt_ids": ids, "prompt_text": text})
+    return kept, n_dropped
+
+
+# ---------------------------------------------------------------------------- batching
+class PromptLoader:
+    """Endless, resumable batches of records, reshuffled every epoch.
+
+    Epoch ``e`` visits the records in the order of ``random.Random(seed + e)`` (or in
+    input order without ``shuffle``).  :meth:`state_dict` captures the epoch and the
+    number of batches already taken from it, so a loader restored with
+    :meth:`load_state_dict` yields exactly the batches the original would have.
+    Batches hold shallow copies of the records.
+    """
+
+    _STATE_VERSION = 1
+
+    def __init__(
+        self,
+        records: Sequence[Mapping[str, Any]],
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool = True,
+    ) -> None:
+        if not records:
+            raise ValueError("PromptLoader needs at least one record, got none")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if drop_last and batch_size > len(records):
+            raise ValueError(
+                f"batch_size={batch_size} is larger than the dataset ({len(records)} records) "
+                "with drop_last=True; lower the batch size or add data"
+            )
+        self._records = list(records)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self._epoch = 0
+        self._position = 0  # batches already taken from the current epoch
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one epoch."""
+        n = len(self._records)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (before rollover)."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Number of records (not batches; iteration never ends)."""
+        return len(self._records)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if self._order_epoch != epoch:
+            order = list(range(len(self._records)))
+            if self.shuffle:
+                random.Random(self.seed + epoch).shuffle(order)
+            self._order, self._order_epoch = order, epoch
+        return self._order
+
+    def next_batch(self) -> tuple[list[dict[str, Any]], int]:
+        """The next batch and the epoch it belongs to, moving to a new epoch when needed."""
+        if self._position >= self.steps_per_epoch:
+            self._epoch += 1
+            self._position = 0
+        order = self._epoch_order(self._epoch)
+        start = self._position * self.batch_size
+        batch = [dict(self._records[i]) for i in order[start : start + self.batch_size]]
+        self._position += 1
+        return batch, self._epoch
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        """Batches forever, epoch after epoch."""
+        while True:
+            yield self.next_batch()[0]
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """Position (epoch, batches taken in it) plus what must match on resume."""
+        return {
+            "version": self._STATE_VERSION,
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "num_records": len(self._records),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; raises ValueError if data or batching changed."""
+        for key, current in (
+            ("num_records", len(self._records)),
+            ("batch_size", self.batch_size),
+            ("shuffle", self.shuffle),
+            ("seed", self.seed),
+        ):
+            if key in state and state[key] != current:
+                raise ValueError(
+                    f"PromptLoader state has {key}={state[key]!r} but this loader has "
+                    f"{key}={current!r}; resuming would not reproduce the same batches"
+                )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self.steps_per_epoch:
+            raise ValueError(f"PromptLoader state has invalid epoch={epoch}, position={position}")
+        self._epoch, self._position = epoch, position

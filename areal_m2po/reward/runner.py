@@ -1,0 +1,305 @@
+"""Load a reward function by dotted path and run it over a batch with per-call timeouts.
+
+Reward functions share one signature::
+
+    fn(prompt: str, completion: str, answer: str, **extra) -> float
+
+:class:`RewardRunner` calls it on a small pool of daemon worker threads.  A call that
+raises, returns something that is not a finite number, or runs past ``timeout_s``
+scores 0.0 and is counted in the returned stats; the caller is never blocked longer
+than the slowest call's own deadline.
+
+A Python thread cannot be killed: a call that times out keeps running in the
+background until it returns on its own.  The runner stops waiting for it, starts a
+replacement worker so the pool keeps its capacity, and lets the stuck thread exit when
+(if ever) it finishes.  Workers are daemon threads, so a hung reward function does not
+keep the interpreter alive at exit.  Reward functions that may hang on I/O should use
+their own timeouts, or run the work in a subprocess they can kill.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RewardFn", "RewardRunner", "load_reward_fn"]
+
+logger = logging.getLogger("areal_m2po.reward")
+
+RewardFn = Callable[..., Any]
+
+_POLL_S = 0.05  # wake-up interval while waiting for queued calls to start
+_MAX_REMEMBERED_MESSAGES = 1024
+
+
+def load_reward_fn(spec: str) -> RewardFn:
+    """Import a reward function from ``"package.module:function"`` or ``"package.module.function"``.
+
+    Raises:
+        ValueError: one line naming ``spec`` when it is malformed, the module cannot be
+            imported, the attribute is missing, or it is not callable.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(
+            f"reward function spec {spec!r} is empty; expected 'package.module:function'"
+        )
+    spec = spec.strip()
+    if ":" in spec:
+        module_name, _, attr_path = spec.partition(":")
+    else:
+        module_name, _, attr_path = spec.rpartition(".")
+    if not module_name or not attr_path:
+        raise ValueError(
+            f"reward function spec {spec!r} is malformed; expected 'package.module:function'"
+        )
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"reward function spec {spec!r}: cannot import module {module_name!r} ({exc})"
+        ) from exc
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise ValueError(
+                f"reward function spec {spec!r}: module {module_name!r} has no attribute {attr_path!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(
+            f"reward function spec {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable"
+        )
+    return target
+
+
+@dataclass
+class _Task:
+    """One reward call waiting for, or running on, a worker."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    future: Future = field(default_factory=Future)
+    started_at: float | None = None
+    abandoned: bool = False
+
+
+def _as_reward(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not a finite real number."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        return None
+    try:
+        reward = float(value)
+    except (TypeError, ValueError, RuntimeError):  # e.g. a multi-element tensor
+        return None
+    return reward if math.isfinite(reward) else None
+
+
+class RewardRunner:
+    """Score batches with a reward function on worker threads, with per-call timeouts.
+
+    Args:
+        fn: ``fn(prompt, completion, answer, **extra) -> float``.
+        timeout_s: seconds one call may run (measured from when it starts) before it
+            scores 0.0.
+        max_workers: number of calls running at once.
+    """
+
+    def __init__(self, fn: RewardFn, timeout_s: float = 10.0, max_workers: int = 4) -> None:
+        if not callable(fn):
+            raise ValueError(f"reward fn must be callable, got {type(fn).__name__}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self.fn = fn
+        self.timeout_s = float(timeout_s)
+        self.max_workers = int(max_workers)
+        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._n_workers = 0  # live workers that are not stuck in an abandoned call
+        self._closed = False
+        self._seen_messages: set[str] = set()
+
+    # ------------------------------------------------------------------ workers
+    def _spawn_worker(self) -> None:
+        """Start one daemon worker (caller holds ``self._lock``)."""
+        thread = threading.Thread(target=self._work, name="areal-m2po-reward", daemon=True)
+        self._n_workers += 1
+        thread.start()
+
+    def _ensure_workers(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardRunner is closed")
+            while self._n_workers < self.max_workers:
+                self._spawn_worker()
+
+    def _work(self) -> None:
+        """Worker loop: run tasks until a shutdown sentinel or an abandoned call returns."""
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            if not task.future.set_running_or_notify_cancel():
+                continue
+            with self._lock:
+                task.started_at = time.monotonic()
+            try:
+                value = self.fn(*task.args, **task.kwargs)
+            except BaseException as exc:  # noqa: BLE001 - reported as a reward error
+                outcome: tuple[bool, Any] = (False, exc)
+            else:
+                outcome = (True, value)
+            with self._lock:
+                ok, payload = outcome
+                if ok:
+                    task.future.set_result(payload)
+                else:
+                    task.future.set_exception(payload)
+                if task.abandoned:
+                    return  # a replacement worker was started when this call timed out
+
+    # ------------------------------------------------------------------ logging
+    def _warn_once(self, message: str) -> None:
+        """Log ``message`` as a warning the first time it is seen (up to a bounded number)."""
+        with self._lock:
+            if message in self._seen_messages:
+                return
+            if len(self._seen_messages) >= _MAX_REMEMBERED_MESSAGES:
+                return  # enough distinct messages logged; keep memory bounded
+            self._seen_messages.add(message)
+        logger.warning(message)
+
+    # ------------------------------------------------------------------ scoring
+    def score(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        answers: Sequence[str],
+        extras: Sequence[dict[str, Any]] | None = None,
+    ) -> tuple[list[float], dict[str, float]]:
+        """Reward every (prompt, completion, answer[, extra]) sample.
+
+        Returns:
+            The rewards (0.0 for failed, invalid or timed-out calls) in input order, and
+            stats ``reward/n_errors``, ``reward/n_timeouts``, ``reward/n_invalid``.
+        """
+        n = len(prompts)
+        if len(completions) != n or len(answers) != n:
+            raise ValueError(
+                f"score() needs equal lengths, got {n} prompts, {len(completions)} completions, "
+                f"{len(answers)} answers"
+            )
+        if extras is not None and len(extras) != n:
+            raise ValueError(f"score() got {len(extras)} extras for {n} samples")
+        if n == 0:
+            return [], {"reward/n_errors": 0.0, "reward/n_timeouts": 0.0, "reward/n_invalid": 0.0}
+        self._ensure_workers()
+        tasks = [
+            _Task(
+                args=(prompts[i], completions[i], answers[i]),
+                kwargs=dict(extras[i]) if extras is not None else {},
+            )
+            for i in range(n)
+        ]
+        for task in tasks:
+            self._queue.put(task)
+        timed_out = self._wait_all(tasks)
+        return self._collect(tasks, timed_out)
+
+    def _wait_all(self, tasks: list[_Task]) -> set[int]:
+        """Block until every task finished or passed its deadline; return timed-out indices."""
+        pending = {id(task.future): i for i, task in enumerate(tasks)}
+        timed_out: set[int] = set()
+        while pending:
+            now = time.monotonic()
+            next_deadline = now + _POLL_S
+            with self._lock:
+                for key, i in list(pending.items()):
+                    task = tasks[i]
+                    if task.future.done():
+                        del pending[key]
+                    elif task.started_at is not None:
+                        deadline = task.started_at + self.timeout_s
+                        if deadline <= now:
+                            task.abandoned = True
+                            timed_out.add(i)
+                            del pending[key]
+                            if not self._closed:
+                                self._n_workers -= 1
+                                self._spawn_worker()
+                        else:
+                            next_deadline = min(next_deadline, deadline)
+            if pending:
+                futures = [tasks[i].future for i in pending.values()]
+                wait(
+                    futures,
+                    timeout=max(0.0, next_deadline - time.monotonic()),
+                    return_when=FIRST_COMPLETED,
+                )
+        return timed_out
+
+    def _collect(
+        self, tasks: list[_Task], timed_out: set[int]
+    ) -> tuple[list[float], dict[str, float]]:
+        """Turn finished tasks into rewards and stats, warning once per distinct problem."""
+        rewards: list[float] = []
+        n_errors = n_invalid = 0
+        for i, task in enumerate(tasks):
+            if i in timed_out:
+                rewards.append(0.0)
+                continue
+            exc = task.future.exception()
+            if exc is not None:
+                n_errors += 1
+                self._warn_once(f"reward fn raised {type(exc).__name__}: {exc!s:.200}; scoring 0.0")
+                rewards.append(0.0)
+                continue
+            value = task.future.result()
+            reward = _as_reward(value)
+            if reward is None:
+                n_invalid += 1
+                self._warn_once(
+                    f"reward fn returned {type(value).__name__} {value!r:.80}, "
+                    "not a finite number; scoring 0.0"
+                )
+                reward = 0.0
+            rewards.append(reward)
+        if timed_out:
+            logger.warning(
+                "%d of %d reward calls exceeded timeout_s=%g and scored 0.0 "
+                "(their threads keep running; Python threads cannot be killed)",
+                len(timed_out),
+                len(tasks),
+                self.timeout_s,
+            )
+        stats = {
+            "reward/n_errors": float(n_errors),
+            "reward/n_timeouts": float(len(timed_out)),
+            "reward/n_invalid": float(n_invalid),
+        }
+        return rewards, stats
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stop the idle workers; calls still running (timed out) finish in the background."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            n_workers, self._n_workers = self._n_workers, 0
+        for _ in range(n_workers):
+            self._queue.put(None)
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
