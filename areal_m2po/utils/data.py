@@ -1,0 +1,125 @@
+"""The rollout batch layout and micro-batch splitting.
+
+A batch is a ``dict[str, torch.Tensor]`` whose tensors share the leading dimension B (one row per
+generated sequence, the ``n_samples`` of a prompt on consecutive rows). Per-token tensors are
+``[B, T]`` in the layout HF ``generate`` returns: left-padded prompt, then the completion from a
+column ``P`` common to all rows, then right padding after EOS::
+
+    input_ids       int64 [B, T]   token ids (pad where attention_mask is False)
+    attention_mask  bool  [B, T]   True on real tokens
+    loss_mask       bool  [B, T]   True on generated tokens (EOS included)
+    logprobs        float [B, T]   behaviour log-prob of each generated token (0 elsewhere), nats
+    versions        int64 [B, T]   policy version that generated each token (-1 elsewhere)
+    rewards         float [B]      sequence reward
+    no_eos          bool  [B]      True when the sample hit max_new_tokens without EOS
+
+Per-token values are aligned to the token: ``x[b, t]`` belongs to ``input_ids[b, t]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+def batch_size(batch: Batch) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def select_rows(batch: Batch, index: torch.Tensor | list[int]) -> Batch:
+    """The rows ``index`` of every tensor (same order)."""
+    idx = torch.as_tensor(index, dtype=torch.long)
+    return {k: v.index_select(0, idx.to(v.device)) for k, v in batch.items()}
+
+
+def concat_batches(batches: list[Batch]) -> Batch:
+    """Stack batches along rows, re-padding per-token tensors to one completion column.
+
+    Prompts are left-padded and completions start at the same column ``P`` inside a batch; to
+    keep that invariant across batches, each is padded on the left to the largest ``P`` and on
+    the right to the longest tail.
+    """
+    if len(batches) == 1:
+        return dict(batches[0])
+    starts = [completion_start(b) for b in batches]
+    tails = [b["input_ids"].shape[1] - s for b, s in zip(batches, starts)]
+    p_max, tail_max = max(starts), max(tails)
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in batches[0]}
+    for b, s, tail in zip(batches, starts, tails):
+        for k, v in b.items():
+            if v.dim() == 2:
+                v = torch.nn.functional.pad(v, (p_max - s, tail_max - tail), value=_pad_value(k))
+            out[k].append(v)
+    return {k: torch.cat(vs, 0) for k, vs in out.items()}
+
+
+def _pad_value(key: str) -> int | float | bool:
+    if key == "versions":
+        return -1
+    return 0
+
+
+def completion_start(batch: Batch) -> int:
+    """The column ``P`` where completions start (first column with a generated token)."""
+    cols = batch["loss_mask"].any(0)
+    if not bool(cols.any()):
+        return int(batch["input_ids"].shape[1])
+    return int(cols.to(torch.int8).argmax())
+
+
+def seq_lengths(batch: Batch) -> torch.Tensor:
+    """Real tokens per row, int64 [B]."""
+    return batch["attention_mask"].sum(-1)
+
+
+def split_microbatches(
+    batch: Batch, n_mbs: int = 1, max_tokens_per_mb: int | None = None
+) -> list[torch.Tensor]:
+    """Row indices of each micro-batch.
+
+    Rows are sorted by length (so a micro-batch pads little) and cut into at least ``n_mbs``
+    pieces, more where the padded size ``rows x longest row`` would exceed
+    ``max_tokens_per_mb``. A single row longer than the budget gets a micro-batch of its own.
+    """
+    n = batch_size(batch)
+    if n == 0:
+        return []
+    lengths = seq_lengths(batch)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    groups: list[list[int]] = []
+    if max_tokens_per_mb is not None:
+        current: list[int] = []
+        longest = 0
+        for i in order.tolist():
+            cand_longest = max(longest, int(lengths[i]))
+            if current and cand_longest * (len(current) + 1) > max_tokens_per_mb:
+                groups.append(current)
+                current, cand_longest = [], int(lengths[i])
+            current.append(i)
+            longest = cand_longest
+        if current:
+            groups.append(current)
+    else:
+        groups = [order.tolist()]
+    # split the largest groups until there are at least n_mbs (never more than n rows)
+    target = min(max(n_mbs, len(groups)), n)
+    while len(groups) < target:
+        big = max(range(len(groups)), key=lambda j: len(groups[j]))
+        g = groups.pop(big)
+        half = (len(g) + 1) // 2
+        groups[big:big] = [g[:half], g[half:]]
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
+
+
+def trim_columns(batch: Batch) -> tuple[Batch, int, int]:
+    """Drop the columns that are padding in every row.
+
+    Returns the trimmed batch and the kept column range ``[left, right)`` of the original.
+    """
+    cols = batch["attention_mask"].any(0)
+    if not bool(cols.any()):
+        return batch, 0, 0
+    idx = torch.nonzero(cols).flatten()
+    left, right = int(idx[0]), int(idx[-1]) + 1
+    return {k: (v[:, left:right] if v.dim() == 2 else v) for k, v in batch.items()}, left, right

@@ -1,0 +1,71 @@
+"""Thin helpers over ``torch.distributed`` (set up by Accelerate); no-ops in a single process."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def _comm_device(t: torch.Tensor) -> torch.device:
+    """gloo reduces CPU tensors; nccl needs CUDA ones."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over ranks (a new tensor on ``t``'s device; ``t`` itself is untouched)."""
+    if not is_distributed():
+        return t.clone()
+    buf = t.detach().to(_comm_device(t), copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.to(t.device)
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    if not is_distributed():
+        return t.clone()
+    buf = t.detach().to(_comm_device(t), copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    return buf.to(t.device)
+
+
+def all_gather_cat(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Concatenate the 1-D tensors of all ranks along dim 0, in rank order.
+
+    Ranks may hold different lengths. Returns the concatenation and every rank's length, so a
+    rank can find its own slice: ``sizes[:rank]`` summed is its offset.
+    """
+    if t.dim() != 1:
+        raise ValueError(f"all_gather_cat expects a 1-D tensor, got shape {tuple(t.shape)}")
+    if not is_distributed():
+        return t, [t.numel()]
+    dev = _comm_device(t)
+    n = torch.tensor([t.numel()], dtype=torch.long, device=dev)
+    sizes_t = [torch.zeros_like(n) for _ in range(world_size())]
+    dist.all_gather(sizes_t, n)
+    sizes = [int(s.item()) for s in sizes_t]
+    longest = max(sizes)
+    padded = torch.zeros(longest, dtype=t.dtype, device=dev)
+    padded[: t.numel()] = t.detach().to(dev)
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    out = torch.cat([p[:s] for p, s in zip(parts, sizes)]).to(t.device)
+    return out, sizes
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,153 @@
+"""Per-step metrics: ``metrics.jsonl``, a compact console line, wandb and TensorBoard.
+
+Only the main process writes. ``metrics.jsonl`` holds one JSON object per step; on resume the
+lines of steps at or after the resume step are dropped first, so the file never holds a
+duplicate or a gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any
+
+from areal_m2po.api.cli_args import StatsLoggerConfig
+
+logger = logging.getLogger("areal_m2po.stats")
+
+# the console line: (metric key, short label, format)
+_CONSOLE_FIELDS = (
+    ("reward/mean", "reward", "{:.3f}"),
+    ("eval/accuracy", "eval_acc", "{:.3f}"),
+    ("actor/loss", "loss", "{:+.4f}"),
+    ("actor/grad_norm", "gnorm", "{:.3f}"),
+    ("actor/clip_fraction", "clip", "{:.3f}"),
+    ("m2po/masked_fraction", "m2po_mask", "{:.3f}"),
+    ("actor/entropy", "ent", "{:.3f}"),
+    ("timing/step_s", "t", "{:.1f}s"),
+)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+class StatsLogger:
+    """Writes the metrics of every step to the configured sinks.
+
+    Args:
+        config: the stats_logger section.
+        output_dir: run directory (``metrics.jsonl`` goes there).
+        run_name: display name (wandb).
+        config_dict: the resolved run config (wandb).
+        is_main: only the main process writes anything.
+    """
+
+    def __init__(
+        self,
+        config: StatsLoggerConfig,
+        output_dir: str,
+        run_name: str,
+        config_dict: dict[str, Any] | None = None,
+        is_main: bool = True,
+    ) -> None:
+        self.config = config
+        self.output_dir = output_dir
+        self.is_main = is_main
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self._wandb_run: Any = None
+        self._tb: Any = None
+        self._run_name = run_name
+        self._config_dict = config_dict or {}
+
+    def start(self, resume_step: int = 0) -> None:
+        """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step."""
+        if not self.is_main:
+            return
+        os.makedirs(self.output_dir, exist_ok=True)
+        if self.config.jsonl:
+            self._truncate_jsonl(resume_step)
+        wb = self.config.wandb
+        if wb.mode != "disabled":
+            import wandb
+
+            id_file = os.path.join(self.output_dir, "wandb_run_id.txt")
+            run_id = None
+            if os.path.exists(id_file):
+                with open(id_file) as fh:
+                    run_id = fh.read().strip() or None
+            self._wandb_run = wandb.init(
+                mode=wb.mode,
+                project=wb.project,
+                entity=wb.entity,
+                name=wb.name or self._run_name,
+                group=wb.group,
+                tags=wb.tags,
+                config=self._config_dict,
+                dir=self.output_dir,
+                id=run_id,
+                resume="allow",
+            )
+            with open(id_file, "w") as fh:
+                fh.write(self._wandb_run.id)
+        if self.config.tensorboard.path:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(self.config.tensorboard.path)
+
+    def _truncate_jsonl(self, resume_step: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        kept: list[str] = []
+        with open(self.path) as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a crash
+                if int(record.get("step", -1)) < resume_step:
+                    kept.append(line)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.writelines(k + "\n" for k in kept)
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, stats: dict[str, float]) -> None:
+        """Record the metrics of ``step`` (1-based count of finished training steps)."""
+        if not self.is_main:
+            return
+        record = {"step": step, **{k: _jsonable(float(v)) for k, v in sorted(stats.items())}}
+        if self.config.jsonl:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(stats, step=step)
+        if self._tb is not None:
+            for k, v in stats.items():
+                self._tb.add_scalar(k, v, step)
+        if self.config.console:
+            logger.info(self.console_line(step, stats))
+
+    @staticmethod
+    def console_line(step: int, stats: dict[str, float]) -> str:
+        parts = [f"step {step}"]
+        for key, label, fmt in _CONSOLE_FIELDS:
+            if key in stats:
+                parts.append(f"{label}={fmt.format(stats[key])}")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

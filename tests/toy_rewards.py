@@ -1,0 +1,12 @@
+"""Dense toy rewards for tiny-model tests (a random tiny model never solves arithmetic)."""
+
+
+def digit_fraction(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
+    """Share of digit characters in the completion: varies between samples, so GRPO has signal."""
+    if not completion:
+        return 0.0
+    return sum(ch.isdigit() for ch in completion) / len(completion)
+
+
+def always_raises(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
+    raise RuntimeError("reward function failure for testing")
