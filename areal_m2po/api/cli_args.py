@@ -261,6 +261,10 @@ class NormConfig:
         _check_bool("std_unbiased", self.std_unbiased)
         _check_number("eps", self.eps, ge=0)
         _check_number("group_size", self.group_size, ge=1, integer=True, optional=True)
+        if self.mean_leave1out and self.mean_level is None:
+            raise ConfigError(
+                "mean_leave1out", "a leave-one-out mean needs mean_level 'batch' or 'group'"
+            )
 
 
 @dataclass
@@ -294,6 +298,12 @@ class RejectionSamplingConfig:
             raise ConfigError("upper", "at least one of upper/lower must be set")
         if self.upper is not None and self.lower is not None and self.lower >= self.upper:
             raise ConfigError("lower", f"must be < upper ({self.upper}), got {self.lower}")
+        if self.metric in ("ratio", "kl_k2", "kl_k3"):
+            # these metrics are never negative: a bound below 0 drops everything or nothing
+            if self.upper is not None and self.upper <= 0:
+                raise ConfigError("upper", f"must be > 0 for metric {self.metric!r}")
+            if self.lower is not None and self.lower < 0:
+                raise ConfigError("lower", f"must be >= 0 for metric {self.metric!r}")
         if self.action == "clamp" and self.metric != "ratio":
             raise ConfigError("action", "clamp is only defined for metric 'ratio'")
 
@@ -440,18 +450,25 @@ class ActorConfig(TrainEngineConfig):
             raise ConfigError(
                 "importance_sampling_level", "'sequence' (GSPO) is not used with SAPO"
             )
-        if self.prox_logp_method == "loglinear" and self.m2_threshold is not None:
-            if self.m2_scope == "global":
-                raise ConfigError(
-                    "m2_scope",
-                    "'global' needs proximal log-probs before the update starts; with "
-                    "prox_logp_method=loglinear they depend on each forward: use 'microbatch'",
-                )
+        if (
+            self.prox_logp_method == "loglinear"
+            and self.m2_threshold is not None
+            and self.m2_scope == "global"
+        ):
+            raise ConfigError(
+                "m2_scope",
+                "'global' needs proximal log-probs before the update starts; with "
+                "prox_logp_method=loglinear they depend on each forward: use 'microbatch'",
+            )
         if self.prox_logp_method == "loglinear" and not self.use_decoupled_loss:
             raise ConfigError(
                 "prox_logp_method",
                 "'loglinear' approximates the decoupled loss's proximal policy; "
                 "set use_decoupled_loss=true",
+            )
+        if self.use_sapo_loss and self.c_clip is not None:
+            raise ConfigError(
+                "c_clip", "dual clipping belongs to the clipped PPO loss; SAPO has none (set null)"
             )
         if self.overlong_reward_penalty and (
             self.overlong_tokens is None or self.overlong_penalty_factor is None
@@ -491,6 +508,8 @@ class RefConfig:
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_str("path", self.path, optional=True)
+        if self.path == "":
+            raise ConfigError("path", "must not be empty (null means actor.path)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -752,10 +771,14 @@ class PPOConfig:
     stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        _check_str("experiment_name", self.experiment_name)
-        _check_str("trial_name", self.trial_name)
+        for name in ("experiment_name", "trial_name"):
+            _check_str(name, getattr(self, name))
+            if not getattr(self, name):
+                raise ConfigError(name, "must not be empty")
         _check_number("seed", self.seed, ge=0, integer=True)
         _check_str("output_dir", self.output_dir, optional=True)
+        if self.output_dir == "":
+            raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
         if self.output_dir is None:
             self.output_dir = f"outputs/{self.experiment_name}/{self.trial_name}"
         _check_number("total_train_epochs", self.total_train_epochs, ge=1, integer=True)
@@ -807,13 +830,16 @@ class PPOConfig:
                     f"the batch of {n_seqs} sequences (train_dataset.batch_size x "
                     f"gconfig.n_samples) is not a multiple of the group size {group}",
                 )
-            if norm.group_size is not None and "group" in (norm.mean_level, norm.std_level):
-                if g.n_samples % norm.group_size != 0:
-                    raise ConfigError(
-                        f"actor.{name}.group_size",
-                        f"must divide gconfig.n_samples ({g.n_samples}) so a group never mixes "
-                        f"prompts, got {norm.group_size}",
-                    )
+            if (
+                norm.group_size is not None
+                and "group" in (norm.mean_level, norm.std_level)
+                and g.n_samples % norm.group_size != 0
+            ):
+                raise ConfigError(
+                    f"actor.{name}.group_size",
+                    f"must divide gconfig.n_samples ({g.n_samples}) so a group never mixes "
+                    f"prompts, got {norm.group_size}",
+                )
             if norm.std_level == "group" and group == 1 and norm.std_unbiased:
                 raise ConfigError(
                     f"actor.{name}.std_level",
@@ -825,6 +851,16 @@ class PPOConfig:
                 "actor.ppo_n_minibatches",
                 f"must divide train_dataset.batch_size ({self.train_dataset.batch_size}) so "
                 f"minibatches hold whole groups, got {actor.ppo_n_minibatches}",
+            )
+        if (
+            actor.overlong_reward_penalty
+            and actor.overlong_tokens is not None
+            and actor.overlong_tokens > g.max_new_tokens
+        ):
+            raise ConfigError(
+                "actor.overlong_tokens",
+                f"the penalty window must fit in gconfig.max_new_tokens ({g.max_new_tokens}), "
+                f"got {actor.overlong_tokens}",
             )
         if actor.mask_no_eos_with_zero and g.stop:
             raise ConfigError(

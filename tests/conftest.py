@@ -1,0 +1,46 @@
+"""Shared test set-up: an offline, quiet environment; torch threads fixed only on request."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from types import MappingProxyType
+
+import pytest
+
+OFFLINE_ENV = MappingProxyType(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Set the offline variables before collection, so modules imported by test files
+    (``datasets`` reads its offline flag at import) already see them."""
+    os.environ.update(OFFLINE_ENV)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def offline_env() -> Iterator[None]:
+    """Keep the offline variables set for the whole session (and restore them afterwards)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in OFFLINE_ENV.items():
+            mp.setenv(name, value)
+        yield
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[int]:
+    """Fix torch's intra-op threads to 2 for one test (timing ratios, determinism)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield 2
+    finally:
+        torch.set_num_threads(before)
