@@ -248,6 +248,10 @@ class RLTrainer:
         stats["rollout/gen_len_mean"] = float(tot[2]) / count
         stats["rollout/no_eos_fraction"] = float(tot[3]) / count
         versions = batch["versions"][batch["loss_mask"]]
+        stats["actor/version"] = float(self.actor_engine.version)
+        if versions.numel():
+            stats["rollout/version_min"] = float(versions.min())
+            stats["rollout/version_max"] = float(versions.max())
         stats["rollout/staleness"] = (
             float(self.actor_engine.version - versions.float().mean()) if versions.numel() else 0.0
         )
