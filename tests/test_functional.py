@@ -616,3 +616,23 @@ def test_gather_logprobs_gradcheck_fp64():
     assert torch.autograd.gradcheck(
         lambda z: gather_logprobs_entropy(z, labels, 0.8, chunk_size=2)[0], (logits,)
     )
+
+
+def test_gather_logprobs_saves_no_fp32_vocab_copy():
+    # autograd keeps only the original (bf16) logits, the labels and one float per row
+    g = _gen(9)
+    logits = torch.randn(64, 50, generator=g).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, 50, (64,), generator=g)
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = gather_logprobs_entropy(logits, labels, chunk_size=16)
+    fp32_vocab = [t for t in saved if t.dtype == torch.float32 and t.numel() >= 64 * 50]
+    assert not fp32_vocab
+    assert sum(t.numel() for t in saved) <= logits.numel() + 2 * 64
+    lp.sum().backward()
+    assert logits.grad is not None

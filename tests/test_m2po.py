@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from areal_m2po.utils import functional
 from areal_m2po.utils.functional import (
     apply_m2po_masking,
     get_m2po_loss_mask,
@@ -153,34 +154,54 @@ def test_apply_matches_reference_on_valid_tokens():
     assert 0 < int(keep.sum()) < int(mask.sum())
 
 
-def test_apply_padded_grid_path_matches_reference():
-    # big enough (> 4096 valid tokens) for the CPU selection path on the padded grid
+def _spy_select(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Record (n_pad_zeros, returned a mask) for each padded-grid selection call."""
+    calls: list[tuple[int, bool]] = []
+    real = functional._m2po_keep_mask_select
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append((kwargs.get("n_pad_zeros", 0), out is not None))
+        return out
+
+    monkeypatch.setattr(functional, "_m2po_keep_mask_select", spy)
+    return calls
+
+
+def test_apply_padded_grid_path_matches_reference(monkeypatch):
+    # big enough for the CPU selection path on the padded grid (no compaction)
+    calls = _spy_select(monkeypatch)
     g = _gen(4)
-    old = -torch.rand(16, 512, generator=g) * 3
-    mask = torch.rand(16, 512, generator=g) < 0.7
-    heavy = torch.exp(torch.randn(16, 512, generator=g) * 1.5 - 2.5)
+    old = -torch.rand(16, 1024, generator=g) * 3
+    mask = torch.rand(16, 1024, generator=g) < 0.7
+    heavy = torch.exp(torch.randn(16, 1024, generator=g) * 1.5 - 2.5)
     old[~mask] = float("nan")
-    for prox, thr in ((old + 0.05 * torch.randn(16, 512, generator=g), 0.04), (old + heavy, 0.02)):
+    for prox, thr in ((old + 0.05 * torch.randn(16, 1024, generator=g), 0.04), (old + heavy, 0.02)):
         prox = torch.where(mask, prox, torch.tensor(float("inf")))
         keep = apply_m2po_masking(old, prox, mask, thr)
         m2 = (old[mask] - prox[mask]) ** 2
         assert torch.equal(keep[mask], m2po_keep_mask_sorted_reference(m2, thr))
         assert not (keep & ~mask).any()
+    # first case: nothing to mask (early exit); second: padded-grid selection
+    assert calls == [(int((~mask).sum()), True)]
 
 
-def test_apply_padded_grid_cut_among_tiny_values_falls_back():
+def test_apply_padded_grid_cut_among_tiny_values_falls_back(monkeypatch):
     # valid m2 are exact zeros and subnormals; the cut falls in the bin holding the padding
     # zeros, so the padded-grid path defers to compaction; result still equals the reference
+    calls = _spy_select(monkeypatch)
     g = _gen(5)
-    old = torch.zeros(8, 1024)
-    mask = torch.rand(8, 1024, generator=g) < 0.8
-    tiny = torch.where(torch.rand(8, 1024, generator=g) < 0.5, 0.0, 1e-21)
-    prox = old + tiny * torch.rand(8, 1024, generator=g)
+    old = torch.zeros(8, 2048)
+    mask = torch.rand(8, 2048, generator=g) < 0.8
+    tiny = torch.where(torch.rand(8, 2048, generator=g) < 0.5, 0.0, 1e-21)
+    prox = old + tiny * torch.rand(8, 2048, generator=g)
     thr = 1e-44
     keep = apply_m2po_masking(old, prox, mask, thr)
     m2 = (old[mask] - prox[mask]) ** 2
     assert torch.equal(keep[mask], m2po_keep_mask_sorted_reference(m2, thr))
     assert not (keep & ~mask).any()
+    assert calls[0] == (int((~mask).sum()), False)  # deferred, then compacted select
+    assert calls[1] == (0, True)
 
 
 def test_apply_empty_inputs():
@@ -365,3 +386,26 @@ def test_property_large_random_inputs(seed, frac):
     _check_rule(m2, thr, ref)
     assert torch.equal(m2po_keep_mask(m2, thr, method="select"), ref)
     assert torch.equal(m2po_keep_mask(m2, thr), ref)
+
+
+def test_apply_bf16_logprobs_upcast_to_float32():
+    g = _gen(6)
+    old = (-torch.rand(4, 300, generator=g) * 3).to(torch.bfloat16)
+    prox = (old.float() + 0.3 * torch.randn(4, 300, generator=g)).to(torch.bfloat16)
+    mask = torch.rand(4, 300, generator=g) < 0.9
+    keep = apply_m2po_masking(old, prox, mask, 0.02)
+    m2 = (old.float()[mask] - prox.float()[mask]) ** 2
+    assert torch.equal(keep[mask], m2po_keep_mask_sorted_reference(m2, 0.02))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_sort_path_matches_cpu():
+    g = _gen(7)
+    old = -torch.rand(32, 1024, generator=g) * 3
+    prox = old + torch.exp(torch.randn(32, 1024, generator=g) * 1.5 - 2.5)
+    mask = torch.rand(32, 1024, generator=g) < 0.7
+    cpu = apply_m2po_masking(old, prox, mask, 0.02)
+    gpu = apply_m2po_masking(old.cuda(), prox.cuda(), mask.cuda(), 0.02)
+    assert torch.equal(gpu.cpu(), cpu)
+    m2 = ((old - prox)[mask]) ** 2
+    assert torch.equal(m2po_keep_mask(m2.cuda(), 0.02).cpu(), m2po_keep_mask(m2, 0.02))

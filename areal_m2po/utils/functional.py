@@ -328,10 +328,12 @@ def group_normalize(
     gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
     if batch == 0:
         return x.clone()
+    gsz = gs if gs is not None else batch
     x64 = x.detach().to(torch.float64)
 
     def _view(level: str) -> torch.Tensor:
-        return x64.view(1, batch) if level == "batch" else x64.view(batch // gs, gs)  # type: ignore[operator]
+        size = batch if level == "batch" else gsz
+        return x64.view(batch // size, size)
 
     out = x64
     if mean_level is not None:
@@ -390,6 +392,7 @@ def masked_normalize(
     gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
     if x.numel() == 0:
         return torch.zeros_like(x)
+    gsz = gs if gs is not None else batch
     x64 = torch.where(mask, x.detach().to(torch.float64), 0.0)
     cnt_row = mask.sum(dim=1).to(torch.float64)
     sum_row = x64.sum(dim=1)
@@ -398,7 +401,7 @@ def masked_normalize(
         """Pool a per-row statistic over the level, broadcast back to [B, 1]."""
         if level == "batch":
             return row_stat.sum().expand(batch).unsqueeze(1)
-        return row_stat.view(-1, gs).sum(dim=1).repeat_interleave(gs).unsqueeze(1)  # type: ignore[arg-type]
+        return row_stat.view(-1, gsz).sum(dim=1).repeat_interleave(gsz).unsqueeze(1)
 
     out = x64
     if mean_level is not None:
@@ -657,7 +660,7 @@ _NBINS = 1 << _DIGIT_BITS
 _HALF = 1 << (_DIGIT_BITS - 1)
 _INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 # Below this many tokens the fixed cost of the 65536-bin histograms exceeds a plain sort.
-_SELECT_MIN_N = 4096
+_SELECT_MIN_N = 6144
 # Candidate sets at most this large are resolved by sorting them instead of another digit.
 _SORT_MAX = 2048
 
@@ -704,9 +707,9 @@ def _m2po_keep_mask_select(
     cand_keys, cand_vals = keys, vals
     pos: torch.Tensor | None = None  # flat positions of the candidates (None: all)
     c_off, p_off = 0, 0.0  # count / float64 sum of the elements below the candidates
-    lo_key = None  # every element with key < lo_key is kept
+    lo_key = 0  # every element with key < lo_key is kept (set at level 0)
     level = 0
-    resolved_by_digits = True
+    resolved_by_digits: bool | None = True
     while level < len(shifts):
         if level > 0 and cand_keys.numel() <= _SORT_MAX:
             resolved_by_digits = False
@@ -744,8 +747,7 @@ def _m2po_keep_mask_select(
             return None  # the cut is in the bin holding the padding zeros
         if j_last >= 0:
             c_off, p_off = int(ccum[j_last]), float(pcum[j_last])
-        bin_lo = (b - _HALF) << s if level == 0 else lo_key + (b << s)  # type: ignore[operator]
-        lo_key = bin_lo
+        lo_key = (b - _HALF) << s if level == 0 else lo_key + (b << s)
         sel = (d == b).nonzero().squeeze(1)
         cand_keys = cand_keys.index_select(0, sel)
         cand_vals = cand_vals.index_select(0, sel)
@@ -754,7 +756,7 @@ def _m2po_keep_mask_select(
 
     if resolved_by_digits is None:
         return keys < lo_key
-    assert pos is not None and lo_key is not None
+    assert pos is not None
     if resolved_by_digits:
         # all candidates share one value v: keep the largest t in [0, copies] with
         # (p_off + t v) / (c_off + t) < thr; t = 1 when nothing qualifies and nothing is below
