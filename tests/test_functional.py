@@ -636,3 +636,31 @@ def test_gather_logprobs_saves_no_fp32_vocab_copy():
     assert sum(t.numel() for t in saved) <= logits.numel() + 2 * 64
     lp.sum().backward()
     assert logits.grad is not None
+
+
+@pytest.mark.parametrize("chunk", [4, 7, 1024])
+def test_gather_logprobs_strided_view_not_copied(chunk):
+    # out.logits[:, :-1] is a strided view: it is saved as is (same storage), values/grad exact
+    g = _gen(10)
+    full = torch.randn(3, 6, 9, generator=g, requires_grad=True)
+    view = full[:, :-1, :]
+    labels = torch.randint(0, 9, (3, 5), generator=g)
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, ent = gather_logprobs_entropy(view, labels, 0.9, chunk_size=chunk)
+    assert any(t.data_ptr() == full.data_ptr() for t in saved)
+    assert sum(t.numel() for t in saved if t.is_floating_point()) <= view.numel() + 15
+    lp.sum().backward()
+    grad = full.grad.clone()
+    full.grad = None
+    ref_ls = torch.log_softmax(view / 0.9, -1)
+    ref = ref_ls.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    ref.sum().backward()
+    assert torch.allclose(lp, ref, atol=1e-5)
+    assert torch.allclose(grad, full.grad, atol=1e-5)
+    assert torch.allclose(ent, -(ref_ls.exp() * ref_ls).sum(-1).detach(), atol=1e-5)

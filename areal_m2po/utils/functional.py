@@ -484,8 +484,22 @@ def gae_advantages(
 # --------------------------------------------------------------------------------------
 
 
+def _row_chunks(shape: tuple[int, int], chunk_size: int) -> list[tuple[slice, slice]]:
+    """(batch slice, time slice) blocks of about ``chunk_size`` rows of a [B, T] grid."""
+    nb, nt = shape
+    if nt >= chunk_size:
+        return [
+            (slice(b, b + 1), slice(t0, min(t0 + chunk_size, nt)))
+            for b in range(nb)
+            for t0 in range(0, nt, chunk_size)
+        ]
+    per = max(1, chunk_size // max(nt, 1))
+    return [(slice(b0, min(b0 + per, nb)), slice(0, nt)) for b0 in range(0, nb, per)]
+
+
 class _ChunkedLabelLogProb(torch.autograd.Function):
-    """log softmax(logits / T)[label] per row, chunked; saves only logits, labels and lse."""
+    """log softmax(logits / T)[label] over a [B, T, V] view, in blocks of about
+    ``chunk_size`` rows; saves only the logits (no copy), the labels and the logsumexp."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -496,22 +510,22 @@ class _ChunkedLabelLogProb(torch.autograd.Function):
         chunk_size: int,
         compute_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n, _ = logits.shape
+        nb, nt, _ = logits.shape
         cdtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        out = torch.empty(n, dtype=cdtype, device=logits.device)
-        lse_all = torch.empty(n, dtype=cdtype, device=logits.device)
-        ent = torch.empty(n if compute_entropy else 0, dtype=cdtype, device=logits.device)
-        for s in range(0, n, chunk_size):
-            e = min(s + chunk_size, n)
-            x = logits[s:e].to(cdtype)
+        dev = logits.device
+        out = torch.empty(nb, nt, dtype=cdtype, device=dev)
+        lse_all = torch.empty(nb, nt, dtype=cdtype, device=dev)
+        ent = torch.empty((nb, nt) if compute_entropy else (0, 0), dtype=cdtype, device=dev)
+        for bs, ts in _row_chunks((nb, nt), chunk_size):
+            x = logits[bs, ts].to(cdtype)
             if temperature != 1.0:
                 x = x / temperature
             lse = torch.logsumexp(x, dim=-1)
-            lse_all[s:e] = lse
-            out[s:e] = x.gather(-1, labels[s:e].unsqueeze(-1)).squeeze(-1) - lse
+            lse_all[bs, ts] = lse
+            out[bs, ts] = x.gather(-1, labels[bs, ts].unsqueeze(-1)).squeeze(-1) - lse
             if compute_entropy:
                 p = torch.exp(x - lse.unsqueeze(-1))
-                ent[s:e] = lse - (p * x).sum(dim=-1)
+                ent[bs, ts] = lse - (p * x).sum(dim=-1)
         ctx.save_for_backward(logits, labels, lse_all)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
@@ -525,21 +539,18 @@ class _ChunkedLabelLogProb(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, None, None, None, None]:
         logits, labels, lse_all = ctx.saved_tensors
         temperature: float = ctx.temperature
-        chunk: int = ctx.chunk_size
-        grad = torch.empty_like(logits)
-        n = logits.shape[0]
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         cdtype = lse_all.dtype
-        for s in range(0, n, chunk):
-            e = min(s + chunk, n)
-            x = logits[s:e].to(cdtype)
+        for bs, ts in _row_chunks(tuple(logits.shape[:2]), ctx.chunk_size):
+            x = logits[bs, ts].to(cdtype)
             if temperature != 1.0:
                 x = x / temperature
-            g = grad_out[s:e].to(cdtype).unsqueeze(-1)
-            gx = torch.exp(x - lse_all[s:e].unsqueeze(-1)).mul_(-g)
-            gx.scatter_add_(-1, labels[s:e].unsqueeze(-1), g)
+            g = grad_out[bs, ts].to(cdtype).unsqueeze(-1)
+            gx = torch.exp(x - lse_all[bs, ts].unsqueeze(-1)).mul_(-g)
+            gx.scatter_add_(-1, labels[bs, ts].unsqueeze(-1), g)
             if temperature != 1.0:
                 gx.div_(temperature)
-            grad[s:e] = gx.to(grad.dtype)
+            grad[bs, ts] = gx.to(grad.dtype)
         return grad, None, None, None, None
 
 
@@ -552,17 +563,18 @@ def gather_logprobs_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token ``log softmax(logits / temperature)[label]`` and entropy, chunked over rows.
 
-    Each chunk of ``chunk_size`` rows is upcast to fp32 (fp64 for fp64 logits), and only
-    ``logsumexp`` and the label's logit are kept, so no full-size fp32 ``[..., V]``
-    log-softmax is materialised in forward, and autograd keeps only the original logits
-    (the backward pass recomputes the softmax chunk by chunk). The log-probs are
-    differentiable w.r.t. ``logits``; the entropy is a no-grad statistic.
+    Blocks of about ``chunk_size`` rows (tokens) are upcast to fp32 (fp64 for fp64 logits)
+    one at a time, and only ``logsumexp`` and the label's logit are kept, so no full-size fp32
+    ``[..., V]`` log-softmax is materialised in forward; autograd keeps only the original
+    logits (a strided view such as ``out.logits[:, :-1]`` is used as is, not copied) and the
+    backward pass recomputes the softmax block by block. The log-probs are differentiable
+    w.r.t. ``logits``; the entropy is a no-grad statistic.
 
     Args:
         logits: ``[B, T, V]`` or ``[N, V]`` float (any float dtype).
-        labels: ``[B, T]`` or ``[N]`` int64 token ids in ``[0, V)``.
+        labels: ``[B, T]`` or ``[N]`` integer token ids in ``[0, V)``.
         temperature: softmax temperature (> 0), the same one used at generation.
-        chunk_size: rows per chunk (> 0).
+        chunk_size: rows per block (> 0).
         compute_entropy: also return the per-token entropy (nats).
     Returns:
         ``(logprobs, entropy)`` shaped like ``labels``, fp32 (fp64 for fp64 logits);
@@ -583,11 +595,14 @@ def gather_logprobs_entropy(
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     vocab = logits.shape[-1]
-    flat_logits = logits.reshape(-1, vocab)
-    flat_labels = labels.reshape(-1).to(torch.int64)
-    lp, ent = _ChunkedLabelLogProb.apply(
-        flat_logits, flat_labels, t, chunk_size, bool(compute_entropy)
-    )
+    if logits.ndim == 2:
+        logits3 = logits.unsqueeze(0)
+    elif logits.ndim == 3:
+        logits3 = logits
+    else:
+        logits3 = logits.reshape(-1, logits.shape[-2], vocab)
+    labels3 = labels.reshape(logits3.shape[:2]).to(torch.int64)
+    lp, ent = _ChunkedLabelLogProb.apply(logits3, labels3, t, chunk_size, bool(compute_entropy))
     lp = lp.view(labels.shape)
     if not compute_entropy:
         return lp, None
