@@ -203,3 +203,24 @@ def test_plot_command_writes_png(tmp_path):
     assert plot_main([str(run_dir), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_main([str(tmp_path / "missing")]) == 2
+
+
+def test_bad_dataset_line_is_one_error_line_before_training(tmp_path, capsys):
+    from areal_m2po.trainer.rl_trainer import run
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": oops}\n')
+    cfg = tiny_config(tmp_path, steps=1)
+    cfg.train_dataset = DatasetConfig(path=str(data), batch_size=1)
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "train.jsonl:2" in err[-1]
+    assert not os.path.exists(os.path.join(cfg.output_dir, "metrics.jsonl"))
+
+
+def test_unknown_reward_function_is_reported(tmp_path, capsys):
+    from areal_m2po.trainer.rl_trainer import run
+
+    cfg = tiny_config(tmp_path, steps=1, reward="toy_rewards:no_such_function")
+    assert run(cfg) == 2
+    assert "no_such_function" in capsys.readouterr().err

@@ -384,8 +384,17 @@ class RLTrainer:
 
 
 def run(config: PPOConfig) -> int:
-    """Train as configured; returns the process exit code."""
-    trainer = RLTrainer(config)
+    """Train as configured; returns the process exit code.
+
+    Bad input found while building the run (a malformed dataset line, a reward function that
+    does not import, an unknown model path) is reported as one ``error:`` line with exit code 2
+    before any training starts.
+    """
+    try:
+        trainer = RLTrainer(config)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 2
     try:
         trainer.train()
     finally:
