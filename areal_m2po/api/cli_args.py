@@ -189,9 +189,16 @@ class MicroBatchSpec:
         "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
         "when a batch exceeds it. null = no budget.",
     )
+    packing: bool = _field(
+        False,
+        "Pack the sequences of a micro-batch into rows without padding in the training and "
+        "log-prob forward passes (position ids restart per sequence; varlen kernel with flash "
+        "attention, block-diagonal mask with sdpa/eager). Same log-probs as the padded layout.",
+    )
 
     def __post_init__(self) -> None:
         _check_number("n_mbs", self.n_mbs, ge=1, integer=True)
+        _check_bool("packing", self.packing)
         _check_number(
             "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, integer=True, optional=True
         )

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 
 from areal_m2po.api.cli_args import TrainEngineConfig
 from areal_m2po.engine.builtin_models import resolve_model_path
+from areal_m2po.engine.packing import is_flash_attention, pack_micro_batch
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, completion_start, split_microbatches, trim_columns
 from areal_m2po.utils.functional import gather_logprobs_entropy
@@ -91,6 +92,58 @@ def forward_logprobs(
     return logp_full, ent_full
 
 
+def forward_logprobs_packed(
+    model: torch.nn.Module,
+    mb: Batch,
+    temperature: float,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward_logprobs` without padding: the sequences are packed into rows.
+
+    Same contract as :func:`forward_logprobs` (float32 ``[b, T]`` aligned to
+    ``mb["input_ids"]``), except that only the ``loss_mask`` positions are filled: every other
+    entry is 0. Equal to the padded path at those positions up to float rounding (see
+    ``tests/test_packing.py``). See :mod:`areal_m2po.engine.packing` for how the attention
+    backends keep the packed sequences apart.
+    """
+    b, full_t = mb["input_ids"].shape
+    device = mb["input_ids"].device
+    flash = is_flash_attention(model)
+    layout = pack_micro_batch(
+        mb["input_ids"], mb["attention_mask"], mb["loss_mask"], single_row=flash
+    )
+    logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
+    ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
+    if layout.labels.numel() == 0:
+        return logp_full, ent_full
+    extra: dict[str, Any] = {}
+    if flash:
+        cu = layout.cu_seqlens.to(device)
+        extra = {
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": layout.max_seqlen,
+            "max_length_k": layout.max_seqlen,
+        }
+    out = model(
+        input_ids=layout.input_ids.to(device),
+        attention_mask=None,
+        position_ids=layout.position_ids.to(device),
+        logits_to_keep=layout.logits_to_keep.to(device),
+        use_cache=False,
+        **extra,
+    )
+    logits = out.logits  # [K, vocab]: the kept positions, row-major
+    logp, ent = gather_logprobs_entropy(
+        logits, layout.labels.to(device), temperature=temperature, compute_entropy=compute_entropy
+    )
+    rows, cols = layout.dst_rows.to(device), layout.dst_cols.to(device)
+    logp_full[rows, cols] = logp.float()
+    if compute_entropy:
+        ent_full[rows, cols] = ent.float()
+    return logp_full, ent_full
+
+
 class HFTrainEngine:
     """A trainable causal LM: forward log-probs, ``train_batch``, save/load, a version counter.
 
@@ -113,7 +166,10 @@ class HFTrainEngine:
         forward_fn: ForwardFn | None = None,
     ) -> None:
         self.config = config
-        self.forward_fn: ForwardFn = forward_fn or forward_logprobs
+        if forward_fn is None:
+            packing = bool(getattr(config.mb_spec, "packing", False))
+            forward_fn = forward_logprobs_packed if packing else forward_logprobs
+        self.forward_fn: ForwardFn = forward_fn
         self.accelerator = accelerator
         self.version = 0
         raw = (
@@ -215,7 +271,8 @@ class HFTrainEngine:
         whole global batch, whatever the split into micro-batches and ranks.
 
         Returns ``(train_stats, loss_stats)``: grad norm, lr, whether the step was skipped for a
-        non-finite gradient; and the loss function's stats averaged with the micro-batch weights.
+        non-finite loss or gradient on any rank; and the loss function's stats averaged with the
+        micro-batch weights over all ranks (every rank must return the same stat keys).
         """
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
         self.model.train()
@@ -248,7 +305,16 @@ class HFTrainEngine:
             self.model.parameters(), clip if clip > 0 else math.inf
         )
         grad_norm_f = float(grad_norm)
-        skipped = not math.isfinite(grad_norm_f) or not math.isfinite(loss_total)
+        # loss stats and the skip decision are global: every rank takes (or skips) the same step
+        keys = sorted(stat_sums)
+        sums = dist.all_reduce_sum(
+            torch.tensor(
+                [stat_sums[k] for k in keys]
+                + [stat_weight, 0.0 if math.isfinite(loss_total) else 1.0],
+                dtype=torch.float64,
+            )
+        ).tolist()
+        skipped = not math.isfinite(grad_norm_f) or sums[-1] > 0
         if skipped:
             logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm_f)
             self.optimizer.zero_grad(set_to_none=True)
@@ -256,8 +322,8 @@ class HFTrainEngine:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        denom = stat_weight if stat_weight > 0 else 1.0
-        loss_stats = {k: v / denom for k, v in stat_sums.items()}
+        denom = sums[-2] if sums[-2] > 0 else 1.0
+        loss_stats = {k: v / denom for k, v in zip(keys, sums)}
         train_stats = {
             "grad_norm": grad_norm_f,
             "lr": self.current_lr(),
