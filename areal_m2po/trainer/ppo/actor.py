@@ -174,9 +174,11 @@ class PPOActor:
             loss_mask = loss_mask & ~batch["no_eos"][:, None]
             batch["loss_mask"] = loss_mask
         rewards = batch["rewards"].float()
-        stats: dict[str, float] = {
-            "reward/raw_mean": float(rewards.mean()) if rewards.numel() else 0.0
-        }
+        # over all ranks (dynamic filtering leaves ranks different numbers of rows)
+        raw = dist.all_reduce_sum(
+            torch.tensor([float(rewards.sum()), float(rewards.numel())], dtype=torch.float64)
+        )
+        stats: dict[str, float] = {"reward/raw_mean": float(raw[0] / raw[1]) if raw[1] else 0.0}
         scores = F.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
         if c.overlong_reward_penalty:
             assert c.overlong_tokens is not None and c.overlong_penalty_factor is not None
@@ -203,8 +205,8 @@ class PPOActor:
             policy_logp = batch.get("prox_logp", batch["logprobs"])
             kl = F.kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator) * mask_f
             token_rewards = token_rewards - c.kl_ctl * kl
-            n_tok = mask_f.sum().clamp(min=1)
-            stats["actor/kl_ref"] = float(kl.sum() / n_tok)
+            kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
+            stats["actor/kl_ref"] = float(kl_tot[0] / kl_tot[1].clamp(min=1))
         # the sequence score lands on the last generated token
         last = (loss_mask.long().cumsum(-1) == loss_mask.sum(-1, keepdim=True)) & loss_mask
         token_rewards = token_rewards + scores[:, None] * last.float()
@@ -228,9 +230,10 @@ class PPOActor:
 
     # -- update -------------------------------------------------------------------------------
 
-    def _minibatch_rows(self, n_rows: int) -> list[torch.Tensor]:
-        """Row indices of each PPO minibatch: contiguous runs of whole groups."""
-        k = self.config.ppo_n_minibatches
+    def _minibatch_rows(self, n_rows: int, k: int | None = None) -> list[torch.Tensor]:
+        """Row indices of each PPO minibatch (``k``, default ``ppo_n_minibatches``, or fewer
+        when there are fewer groups): contiguous runs of whole groups."""
+        k = self.config.ppo_n_minibatches if k is None else k
         n_groups = n_rows // self.group_size if n_rows % self.group_size == 0 else n_rows
         per = self.group_size if n_groups != n_rows else 1
         bounds = [round(i * n_groups / k) for i in range(k + 1)]
@@ -323,7 +326,14 @@ class PPOActor:
         if c.m2_threshold is not None and self.m2po_is_inert(batch):
             self._warn_inert_once()
         totals: dict[str, float] = {}
-        minibatches = self._minibatch_rows(int(batch["input_ids"].shape[0]))
+        n_rows = int(batch["input_ids"].shape[0])
+        minibatches = self._minibatch_rows(n_rows)
+        if dist.is_distributed():
+            # every rank must take the same optimizer steps, but dynamic filtering can leave a
+            # rank fewer groups than minibatches: all ranks use the smallest count
+            fewest = -int(dist.all_reduce_max(torch.tensor([-len(minibatches)]))[0])
+            if fewest < len(minibatches):
+                minibatches = self._minibatch_rows(n_rows, fewest)
         for k, rows in enumerate(minibatches):
             mb = select_rows(batch, rows)
             mb_stats: dict[str, float] = {}
@@ -341,13 +351,14 @@ class PPOActor:
             )
             if c.skip_zero_adv_seqs:
                 nonzero = ((mb["advantages"] != 0) & mb["loss_mask"]).any(-1)
+                # set on every rank (summed over ranks below), so all ranks hold the same keys
+                mb_stats["actor/skipped_zero_adv_seqs"] = float(
+                    mb["input_ids"].shape[0] - int(nonzero.sum())
+                )
                 if not bool(nonzero.all()):
                     keep_rows = torch.nonzero(nonzero).flatten()
                     if keep_rows.numel() == 0:
                         keep_rows = torch.tensor([0])  # every rank must take part in the step
-                    mb_stats["actor/skipped_zero_adv_seqs"] = float(
-                        mb["input_ids"].shape[0] - int(nonzero.sum())
-                    )
                     mb = select_rows(mb, keep_rows)
             train_stats, loss_stats = self.engine.train_batch(
                 mb,
@@ -362,11 +373,12 @@ class PPOActor:
             mb_stats["actor/skipped_steps"] = train_stats["skipped"]
             for key, v in mb_stats.items():
                 totals[key] = totals.get(key, 0.0) + v / len(minibatches)
-        # per-token stats were means over this rank's tokens: average them over ranks
-        exact = {"actor/grad_norm", "actor/lr", "actor/skipped_steps"}
-        if c.m2_scope == "global":
-            exact |= {k for k in totals if k.startswith("m2po/")}
-        out = _reduce_mean_over_ranks(totals, exact)
+        # train_batch's loss stats and the global M2PO stats are already global; only the
+        # count of skipped rows is per rank
+        out = dict(totals)
+        key = "actor/skipped_zero_adv_seqs"
+        if key in out:
+            out[key] = float(dist.all_reduce_sum(torch.tensor([out[key]], dtype=torch.float64))[0])
         if "actor/pg_loss" in out:
             out["actor/loss"] = out["actor/pg_loss"]
         self.engine.version += 1
@@ -398,13 +410,3 @@ class PPOActor:
                 )
         else:
             self._high_mask_streak = 0
-
-
-def _reduce_mean_over_ranks(stats: dict[str, float], exact: set[str]) -> dict[str, float]:
-    """Average per-rank stats over ranks; keys in ``exact`` are already global and kept."""
-    if not dist.is_distributed() or not stats:
-        return dict(stats)
-    keys = sorted(stats)
-    vals = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
-    mean = dist.all_reduce_sum(vals) / dist.world_size()
-    return {k: (stats[k] if k in exact else float(v)) for k, v in zip(keys, mean)}
