@@ -391,6 +391,12 @@ class ActorConfig(TrainEngineConfig):
         "Leave sequences whose advantages are all zero out of the forward/backward pass; their "
         "tokens still count in the loss denominator, so the gradient is unchanged.",
     )
+    max_consecutive_skipped_steps: int | None = _field(
+        3,
+        "A step whose loss or gradient is not finite is skipped (no optimizer step, counted in "
+        "actor/skipped_steps); this many skipped steps in a row stop the run with an error, "
+        "without writing a recover checkpoint (null: never stop).",
+    )
     # --- rewards and advantages -------------------------------------------------------------
     kl_ctl: float = _field(0.0, "Coefficient of the KL(policy || ref) penalty in the reward.")
     kl_estimator: str = _field("k1", "KL estimator.", choices=("k1", "k2", "k3"))
@@ -431,6 +437,13 @@ class ActorConfig(TrainEngineConfig):
         _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
         _check_number("temperature", self.temperature, gt=0)
         _check_bool("skip_zero_adv_seqs", self.skip_zero_adv_seqs)
+        _check_number(
+            "max_consecutive_skipped_steps",
+            self.max_consecutive_skipped_steps,
+            ge=1,
+            integer=True,
+            optional=True,
+        )
         _check_number("kl_ctl", self.kl_ctl, ge=0)
         _check_number("reward_scaling", self.reward_scaling)
         _check_number("reward_bias", self.reward_bias)

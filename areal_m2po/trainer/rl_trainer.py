@@ -22,10 +22,12 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import PPOConfig, TrainEngineConfig
-from areal_m2po.utils import dist
+from areal_m2po.utils import dist, recover
 from areal_m2po.utils.data import Batch, select_rows
 
 logger = logging.getLogger("areal_m2po.trainer")
+
+_REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
 
 
 def _setup_logging(is_main: bool) -> None:
@@ -79,6 +81,10 @@ class RLTrainer:
         self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.step = 0  # finished training steps
         self.n_rollouts = 0  # rollout batches generated so far (seeds the sampler)
+        self.consecutive_skipped = 0  # steps in a row whose update had a non-finite loss/grad
+        self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
+        self._last_recover_step = -1
+        self._stale_recover: list[tuple[int, str]] = []
 
     # -- construction -------------------------------------------------------------------------
 
@@ -239,25 +245,39 @@ class RLTrainer:
                 gen_len.sum(),
                 batch["no_eos"].float().sum(),
                 torch.tensor(float(rewards.numel())),
+                *(torch.tensor(stats[k]) for k in _REWARD_COUNTS),
             ]
         )
         tot = dist.all_reduce_sum(local.double())
         count = float(tot[4])
+        for i, k in enumerate(_REWARD_COUNTS):  # summed over ranks
+            stats[k] = float(tot[5 + i])
         stats["reward/mean"] = float(tot[0]) / count
         stats["reward/std"] = math.sqrt(max(float(tot[1]) / count - stats["reward/mean"] ** 2, 0.0))
         stats["rollout/gen_len_mean"] = float(tot[2]) / count
         stats["rollout/no_eos_fraction"] = float(tot[3]) / count
         versions = batch["versions"][batch["loss_mask"]]
         stats["actor/version"] = float(self.actor_engine.version)
-        if versions.numel():
-            stats["rollout/version_min"] = float(versions.min())
-            stats["rollout/version_max"] = float(versions.max())
+        v_tot = dist.all_reduce_sum(
+            torch.tensor([float(versions.double().sum()), float(versions.numel())]).double()
+        )
+        if float(v_tot[1]):
+            ext = [-versions.min(), versions.max()] if versions.numel() else [-math.inf] * 2
+            v_ext = dist.all_reduce_max(torch.tensor([float(x) for x in ext]).double())
+            stats["rollout/version_min"] = -float(v_ext[0])
+            stats["rollout/version_max"] = float(v_ext[1])
         stats["rollout/staleness"] = (
-            float(self.actor_engine.version - versions.float().mean()) if versions.numel() else 0.0
+            self.actor_engine.version - float(v_tot[0]) / float(v_tot[1])
+            if float(v_tot[1])
+            else 0.0
         )
         if cfg.rollout.dynamic_filtering:
+            n_groups = batch["rewards"].numel() // cfg.gconfig.n_samples
             batch, frac = self._filter_groups(batch)
-            stats["rollout/filtered_group_fraction"] = frac
+            f_tot = dist.all_reduce_sum(
+                torch.tensor([round(frac * n_groups), n_groups], dtype=torch.float64)
+            )
+            stats["rollout/filtered_group_fraction"] = float(f_tot[0] / f_tot[1])
         t0 = time.perf_counter()
         if cfg.actor.recompute_logprob and cfg.actor.prox_logp_method == "recompute":
             on_policy = bool((versions == self.actor_engine.version).all())
@@ -329,8 +349,21 @@ class RLTrainer:
     # -- loop ---------------------------------------------------------------------------------
 
     def train(self) -> None:
+        restore_handler = recover.install_sigterm_handler(self._on_sigterm)
+        try:
+            self._train()
+        finally:
+            restore_handler()
+
+    def _on_sigterm(self) -> None:
+        self.stop_requested = True
+        logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
+
+    def _train(self) -> None:
         cfg = self.config
-        self.stats_logger.start(resume_step=self.step)
+        resumed = recover.maybe_resume(self)
+        # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
+        self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
             "output_dir %s",
@@ -366,10 +399,47 @@ class RLTrainer:
             self.stats_logger.log(self.step, stats)
             if progress is not None:
                 progress.update(1)
+            if self._after_step(stats):
+                break
         if progress is not None:
             progress.close()
-        if cfg.saver.save_at_end:
+        if cfg.saver.save_at_end and not self.stop_requested:
             self.save_hf("final")
+
+    def _after_step(self, stats: dict[str, float]) -> bool:
+        """Fault counting and recover checkpoints after a logged step; True: stop (SIGTERM)."""
+        cfg = self.config
+        skipped = stats.get("actor/skipped_steps", 0.0) > 0
+        self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
+        limit = cfg.actor.max_consecutive_skipped_steps
+        if limit is not None and self.consecutive_skipped >= limit:
+            last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
+            raise recover.NonFiniteTrainingError(
+                f"the last {self.consecutive_skipped} training steps (up to step {self.step}) "
+                "were skipped for a non-finite loss or gradient "
+                f"(actor.max_consecutive_skipped_steps={limit}); stopping. "
+                + (
+                    f"The last good recover checkpoint is {last}."
+                    if last
+                    else "There is no recover checkpoint."
+                )
+                + " Lower actor.optimizer.lr or check the rewards, then rerun with "
+                "recover.mode=auto."
+            )
+        stop = self.stop_requested
+        if dist.is_distributed():  # a signal may reach only some ranks
+            stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
+        periodic = (
+            cfg.recover.mode != "disabled"
+            and self.step % cfg.recover.freq_steps == 0
+            and not skipped  # a checkpoint only after a good step
+        )
+        if (periodic or stop) and self._last_recover_step != self.step:
+            recover.save_checkpoint(self)
+            self._last_recover_step = self.step
+        if stop:
+            logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
+        return stop
 
     def _progress_bar(self) -> Any:
         if not (self.is_main and self.config.stats_logger.progress_bar and sys.stderr.isatty()):
@@ -397,6 +467,9 @@ def run(config: PPOConfig) -> int:
         return 2
     try:
         trainer.train()
+    except (recover.RecoverError, recover.NonFiniteTrainingError) as exc:
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 1
     finally:
         trainer.close()
     return 0
