@@ -389,7 +389,8 @@ class ActorConfig(TrainEngineConfig):
     skip_zero_adv_seqs: bool = _field(
         True,
         "Leave sequences whose advantages are all zero out of the forward/backward pass; their "
-        "tokens still count in the loss denominator, so the gradient is unchanged.",
+        "tokens still count in the loss denominator, so the gradient is unchanged. Not applied "
+        "with m2_scope=microbatch, whose statistic depends on the rows a micro-batch holds.",
     )
     max_consecutive_skipped_steps: int | None = _field(
         3,

@@ -232,16 +232,16 @@ class PPOActor:
 
     def _minibatch_rows(self, n_rows: int, k: int | None = None) -> list[torch.Tensor]:
         """Row indices of each PPO minibatch (``k``, default ``ppo_n_minibatches``, or fewer
-        when there are fewer groups): contiguous runs of whole groups."""
-        k = self.config.ppo_n_minibatches if k is None else k
-        n_groups = n_rows // self.group_size if n_rows % self.group_size == 0 else n_rows
-        per = self.group_size if n_groups != n_rows else 1
-        bounds = [round(i * n_groups / k) for i in range(k + 1)]
-        return [
-            torch.arange(bounds[i] * per, bounds[i + 1] * per)
-            for i in range(k)
-            if bounds[i + 1] > bounds[i]
-        ]
+        when there are fewer groups): contiguous runs of whole groups.
+
+        Rows form groups of ``group_size`` consecutive samples; when dynamic filtering or a
+        custom batch breaks that, every row is its own group.
+        """
+        per_group = self.group_size if n_rows % self.group_size == 0 else 1
+        n_groups = n_rows // per_group
+        k = min(self.config.ppo_n_minibatches if k is None else k, n_groups)
+        bounds = [round(i * n_groups / k) * per_group for i in range(k + 1)]
+        return [torch.arange(bounds[i], bounds[i + 1]) for i in range(k)]
 
     def _loss_weight(self, mb: Batch) -> float:
         if self.config.loss_agg_mode == "token-mean":
@@ -349,7 +349,10 @@ class PPOActor:
             total = float(
                 dist.all_reduce_sum(torch.tensor(self._loss_weight(mb), dtype=torch.float64))
             )
-            if c.skip_zero_adv_seqs:
+            # a micro-batch-scoped M2PO statistic is taken over the rows the micro-batch holds,
+            # so rows may only be skipped when the mask was fixed over the whole minibatch
+            m2_needs_all_rows = c.m2_threshold is not None and c.m2_scope == "microbatch"
+            if c.skip_zero_adv_seqs and not m2_needs_all_rows:
                 nonzero = ((mb["advantages"] != 0) & mb["loss_mask"]).any(-1)
                 # set on every rank (summed over ranks below), so all ranks hold the same keys
                 mb_stats["actor/skipped_zero_adv_seqs"] = float(
