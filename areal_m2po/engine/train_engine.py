@@ -47,6 +47,35 @@ def load_causal_lm(path: str, dtype: str, attn_implementation: str) -> torch.nn.
     )
 
 
+LOGPROB_CHUNK_BYTES = 32 * 2**20
+"""Upper bound on the float32 size of one block of the chunked log-prob/entropy computation."""
+
+
+def logprob_chunk_rows(n_rows: int, vocab: int) -> int:
+    """Rows (tokens) per block of the chunked log-prob/entropy over ``n_rows`` logits rows.
+
+    At most an eighth of the rows, so the block temporaries stay a small fraction of the
+    logits tensor however small the batch, and at most :data:`LOGPROB_CHUNK_BYTES` of float32;
+    between 16 and 1024 rows.
+    """
+    by_bytes = LOGPROB_CHUNK_BYTES // (4 * max(vocab, 1))
+    return max(16, min(1024, -(-n_rows // 8), by_bytes))
+
+
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, compute_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`gather_logprobs_entropy` with the engine's block size (:func:`logprob_chunk_rows`)."""
+    n_rows = int(labels.numel())
+    return gather_logprobs_entropy(
+        logits,
+        labels,
+        temperature=temperature,
+        chunk_size=logprob_chunk_rows(n_rows, int(logits.shape[-1])),
+        compute_entropy=compute_entropy,
+    )
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     mb: Batch,
@@ -82,9 +111,7 @@ def forward_logprobs(
     )
     logits = out.logits[:, :-1, :]  # predicts the tokens at columns start .. t-1
     labels = ids[:, start:]
-    logp, ent = gather_logprobs_entropy(
-        logits, labels, temperature=temperature, compute_entropy=compute_entropy
-    )
+    logp, ent = token_logprobs(logits, labels, temperature, compute_entropy)
     cols = slice(left + start, left + t)
     logp_full[:, cols] = logp.float()
     if compute_entropy:
@@ -134,9 +161,7 @@ def forward_logprobs_packed(
         **extra,
     )
     logits = out.logits  # [K, vocab]: the kept positions, row-major
-    logp, ent = gather_logprobs_entropy(
-        logits, layout.labels.to(device), temperature=temperature, compute_entropy=compute_entropy
-    )
+    logp, ent = token_logprobs(logits, layout.labels.to(device), temperature, compute_entropy)
     rows, cols = layout.dst_rows.to(device), layout.dst_cols.to(device)
     logp_full[rows, cols] = logp.float()
     if compute_entropy:
