@@ -11,6 +11,7 @@ weights to OUT.pt; ``tests/test_multiproc.py`` compares the 1- and 2-process res
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -110,6 +111,14 @@ def main(out_path: str) -> None:
         "initial": initial,
         "n_valid_local": int(batch["loss_mask"].sum()),
     }
+    if world > 1:
+        # dynamic filtering can leave the ranks different numbers of groups: with 2 minibatches
+        # rank 0 (2 groups) and rank 1 (1 group) must still take the same optimizer steps
+        actor_mod.global_m2po_mask = real
+        uneven_cfg = dataclasses.replace(cfg, ppo_n_minibatches=2)
+        uneven_actor = actor_mod.PPOActor(uneven_cfg, engine, GROUP, COMPLETION_MAX)
+        rows = torch.arange(GROUP * (2 if rank == 0 else 1))
+        result["uneven_stats"] = uneven_actor.ppo_update(select_rows(batch, rows))
     if rank == 0:
         torch.save(result, out_path)
     accelerator.wait_for_everyone()

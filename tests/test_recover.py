@@ -110,20 +110,20 @@ def test_sigkill_and_rerun_continues_bitwise(tmp_path):
     """4 steps straight == 2 steps, SIGKILL, rerun the same command (recover.mode=auto)."""
     from areal_m2po.api.config_loader import save_config
 
-    straight = make_cfg(tmp_path, "straight", steps=4)
-    assert run_cfg(straight) == 0
-    expected = read_metrics(straight.output_dir)
-
     crashed = make_cfg(tmp_path, "crashed", steps=4)
     cfg_file = save_config(crashed, tmp_path / "crashed.yaml")
-    proc = subprocess.run(
+    proc = subprocess.Popen(  # killed by SIGKILL right after its step-2 checkpoint
         [sys.executable, str(TESTS / "recover_worker.py"), str(cfg_file), "2"],
         env=subprocess_env(),
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
     )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    straight = make_cfg(tmp_path, "straight", steps=4)  # meanwhile, in this process
+    assert run_cfg(straight) == 0
+    expected = read_metrics(straight.output_dir)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL, err[-3000:]
     root = recover.recover_root(crashed.output_dir)
     assert [s for s, _ in recover.list_checkpoints(root)] == [1, 2]
     assert [r["step"] for r in read_metrics(crashed.output_dir)] == [1, 2]
