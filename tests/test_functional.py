@@ -664,3 +664,34 @@ def test_gather_logprobs_strided_view_not_copied(chunk):
     assert torch.allclose(lp, ref, atol=1e-5)
     assert torch.allclose(grad, full.grad, atol=1e-5)
     assert torch.allclose(ent, -(ref_ls.exp() * ref_ls).sum(-1).detach(), atol=1e-5)
+
+
+def test_masked_normalize_batch_sum_spans_shards():
+    """Shards normalised with all-reduced statistics equal the whole batch normalised at once.
+
+    An all-reduce returns the whole batch's sums; record those sums on the full batch and
+    hand them back in the same order to each shard.
+    """
+    from areal_m2po.utils import functional as F
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    mask = torch.rand(6, 5) > 0.3
+    whole = F.masked_normalize(x, mask, mean_level="batch", std_level="batch")
+    global_sums: list[torch.Tensor] = []
+
+    def record(t):
+        global_sums.append(t)
+        return t
+
+    F.masked_normalize(x, mask, "batch", "batch", batch_sum=record)
+    assert len(global_sums) == 5  # sum, count (mean); sum, count, squared deviations (std)
+    for rows in (slice(0, 2), slice(2, 6)):
+        it = iter(global_sums)
+        part = F.masked_normalize(
+            x[rows], mask[rows], "batch", "batch", batch_sum=lambda t, it=it: next(it)
+        )
+        torch.testing.assert_close(part, whole[rows])
+    # without the global sums, a shard is normalised with its own statistics (different)
+    alone = F.masked_normalize(x[:2], mask[:2], "batch", "batch")
+    assert not torch.allclose(alone, whole[:2])

@@ -49,6 +49,14 @@ class RolloutEngine:
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load the trainer's current weights; tokens generated from now on carry ``version``."""
         own = self.model.state_dict()
+        missing = [name for name in own if name not in state_dict]
+        # tied weights (lm_head = embeddings) may be listed under one name only
+        missing = [n for n in missing if not _is_tied_alias(self.model, n)]
+        if missing:
+            raise RuntimeError(
+                f"rollout weight sync got no value for {len(missing)} tensors (e.g. "
+                f"{missing[0]!r}); the behaviour policy would silently keep old weights"
+            )
         for name, value in state_dict.items():
             if name in own:
                 own[name].copy_(value.to(own[name].device, own[name].dtype))
@@ -163,3 +171,11 @@ class RolloutEngine:
             toks = [int(t) for t in ids[mask].tolist() if int(t) not in self.eos_ids]
             texts.append(self.tokenizer.decode(toks, skip_special_tokens=True))
         return texts
+
+
+def _is_tied_alias(model: torch.nn.Module, name: str) -> bool:
+    """True for the output embedding when it is tied to the input embedding."""
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        return False
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return out is not None and name.startswith("lm_head.")

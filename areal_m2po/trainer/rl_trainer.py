@@ -62,11 +62,7 @@ class RLTrainer:
             from areal_m2po.api.config_loader import save_config
 
             save_config(cfg, os.path.join(self.output_dir, "config.yaml"))
-        if cfg.train_dataset.batch_size % self.world != 0:
-            raise ValueError(
-                f"train_dataset.batch_size ({cfg.train_dataset.batch_size}) must be a multiple "
-                f"of the number of processes ({self.world})"
-            )
+        self._check_launch()
         self._build_data()
         self._build_models()
         from areal_m2po.utils.stats_logger import StatsLogger
@@ -87,6 +83,30 @@ class RLTrainer:
         self._stale_recover: list[tuple[int, str]] = []
 
     # -- construction -------------------------------------------------------------------------
+
+    def _check_launch(self) -> None:
+        """Refuse launch set-ups this trainer does not handle, before any model loads."""
+        from accelerate.utils import DistributedType
+
+        cfg = self.config
+        kind = self.accelerator.distributed_type
+        if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            raise ValueError(
+                f"accelerate distributed_type {kind.value} is not supported yet: the rollout "
+                "engine needs the full policy weights on every rank; use DDP (--multi_gpu)"
+            )
+        batch = cfg.train_dataset.batch_size
+        if batch % self.world != 0:
+            raise ValueError(
+                f"train_dataset.batch_size ({batch}) must be a multiple of the number of "
+                f"processes ({self.world})"
+            )
+        if batch // self.world < cfg.actor.ppo_n_minibatches:
+            raise ValueError(
+                f"actor.ppo_n_minibatches ({cfg.actor.ppo_n_minibatches}) exceeds the "
+                f"{batch // self.world} prompt groups each of the {self.world} processes holds "
+                "(train_dataset.batch_size / processes)"
+            )
 
     def _build_data(self) -> None:
         from transformers import AutoTokenizer

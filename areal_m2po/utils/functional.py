@@ -25,7 +25,7 @@ import-time side effects.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -371,6 +371,7 @@ def masked_normalize(
     mean_leave1out: bool = False,
     std_unbiased: bool = True,
     eps: float = 1e-5,
+    batch_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Token-level variant of :func:`group_normalize` (e.g. ``adv_norm`` on token advantages).
 
@@ -380,6 +381,9 @@ def masked_normalize(
 
     Args:
         x: float ``[B, T]``; mask: bool ``[B, T]``.
+        batch_sum: sums a 0-dim float64 tensor over the shards of a batch split across
+            processes (e.g. an all-reduce), so "batch" statistics cover the global batch;
+            None = this tensor is the whole batch.
     Returns:
         float ``[B, T]`` of ``x``'s dtype (computed in float64).
     """
@@ -400,7 +404,8 @@ def masked_normalize(
     def _pool(row_stat: torch.Tensor, level: str) -> torch.Tensor:
         """Pool a per-row statistic over the level, broadcast back to [B, 1]."""
         if level == "batch":
-            return row_stat.sum().expand(batch).unsqueeze(1)
+            total = row_stat.sum() if batch_sum is None else batch_sum(row_stat.sum())
+            return total.expand(batch).unsqueeze(1)
         return row_stat.view(-1, gsz).sum(dim=1).repeat_interleave(gsz).unsqueeze(1)
 
     out = x64

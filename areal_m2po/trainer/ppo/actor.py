@@ -223,6 +223,7 @@ class PPOActor:
                 mean_leave1out=norm.mean_leave1out,
                 std_unbiased=norm.std_unbiased,
                 eps=norm.eps,
+                batch_sum=dist.all_reduce_sum if dist.is_distributed() else None,
             )
         batch["advantages"] = adv * mask_f
         batch["returns"] = returns * mask_f
