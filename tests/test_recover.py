@@ -371,3 +371,18 @@ def test_hanging_reward_scores_zero_after_timeout(tmp_path):
     assert time.perf_counter() - t0 < 60
     (r,) = read_metrics(cfg.output_dir)
     assert r["reward/n_timeouts"] == 16 and r["reward/mean"] == 0.0
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run(tmp_path):
+    from areal_m2po.api.cli_args import WandBConfig
+
+    logger_cfg = StatsLoggerConfig(progress_bar=False, wandb=WandBConfig(mode="offline"))
+    cfg = make_cfg(tmp_path, steps=1, staleness=0, stats_logger=logger_cfg)
+    assert run_cfg(cfg) == 0
+    cfg.total_train_steps = 2
+    assert run_cfg(cfg) == 0
+    run_id = Path(cfg.output_dir, "wandb_run_id.txt").read_text().strip()
+    runs = sorted(p.name for p in Path(cfg.output_dir, "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith("-" + run_id) for name in runs)
+    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1, 2]
