@@ -169,6 +169,13 @@ def forward_logprobs_packed(
     return logp_full, ent_full
 
 
+def _as_f64(x: torch.Tensor | float) -> torch.Tensor:
+    """A detached float64 0-dim CPU-or-device tensor (no host sync for device tensors)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(()).to(torch.float64)
+    return torch.tensor(float(x), dtype=torch.float64)
+
+
 class HFTrainEngine:
     """A trainable causal LM: forward log-probs, ``train_batch``, save/load, a version counter.
 
@@ -309,9 +316,11 @@ class HFTrainEngine:
             )
         world = dist.world_size()
         self.optimizer.zero_grad(set_to_none=True)
-        stat_sums: dict[str, float] = {}
+        # loss and stats stay on the device until the end of the step: one host sync per step
+        # for all of them, not one per stat per micro-batch
+        stat_sums: dict[str, torch.Tensor | float] = {}
         stat_weight = 0.0
-        loss_total = 0.0
+        loss_total: torch.Tensor | float = 0.0
         for i, mb in enumerate(mbs):
             mb = {k: v.to(self.device) for k, v in mb.items()}
             last = i == len(mbs) - 1
@@ -321,21 +330,22 @@ class HFTrainEngine:
                 loss, stats = loss_fn(logp, ent, mb)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
                 self.accelerator.backward(loss * scale)
-            loss_total += float(loss.detach()) * weights[i]
+            loss_total = loss_total + _as_f64(loss) * weights[i]
             stat_weight += weights[i]
             for k, v in stats.items():
-                stat_sums[k] = stat_sums.get(k, 0.0) + float(v) * weights[i]
+                stat_sums[k] = stat_sums.get(k, 0.0) + _as_f64(v) * weights[i]
         clip = self.config.optimizer.gradient_clipping
         grad_norm = self.accelerator.clip_grad_norm_(
             self.model.parameters(), clip if clip > 0 else math.inf
         )
-        grad_norm_f = float(grad_norm)
         # loss stats and the skip decision are global: every rank takes (or skips) the same step
         keys = sorted(stat_sums)
+        values = [grad_norm, loss_total] + [stat_sums[k] for k in keys]
+        host = torch.stack([_as_f64(v).to(self.device) for v in values]).tolist()
+        grad_norm_f, loss_total_f = host[0], host[1]
         sums = dist.all_reduce_sum(
             torch.tensor(
-                [stat_sums[k] for k in keys]
-                + [stat_weight, 0.0 if math.isfinite(loss_total) else 1.0],
+                host[2:] + [stat_weight, 0.0 if math.isfinite(loss_total_f) else 1.0],
                 dtype=torch.float64,
             )
         ).tolist()
