@@ -215,14 +215,15 @@ def test_resume_mode_without_checkpoint_fails_clearly(tmp_path, capsys):
 
 
 def test_disabled_mode_writes_no_periodic_checkpoint_and_starts_fresh(tmp_path):
-    cfg = make_cfg(tmp_path, steps=2)
+    cfg = make_cfg(tmp_path, steps=1, staleness=0)
     assert run_cfg(cfg) == 0
     root = recover.recover_root(cfg.output_dir)
-    assert [s for s, _ in recover.list_checkpoints(root)] == [1, 2]
-    cfg = make_cfg(tmp_path, steps=1, recover=RecoverConfig(mode="disabled"))
+    assert [s for s, _ in recover.list_checkpoints(root)] == [1]
+    # another seed: loading that checkpoint would fail, so a clean run proves none was loaded
+    cfg = make_cfg(tmp_path, steps=2, staleness=0, seed=6, recover=RecoverConfig(mode="disabled"))
     assert run_cfg(cfg) == 0
-    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1]
-    assert [s for s, _ in recover.list_checkpoints(root)] == [1, 2]  # untouched: nothing saved
+    assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1, 2]
+    assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched: nothing saved
 
 
 # ------------------------------------------------------------------- bad checkpoints
