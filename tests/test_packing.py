@@ -113,6 +113,21 @@ def test_packed_equals_padded_with_gradients(attn: str, temperature: float) -> N
         torch.testing.assert_close(p_pack.grad, p_pad.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_packed_without_logits_to_keep_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Older transformers (no boolean ``logits_to_keep``): full logits, then the kept rows."""
+    from areal_m2po.engine import train_engine
+
+    monkeypatch.setattr(train_engine, "_LOGITS_TO_KEEP_MASK", False)
+    model = _tiny_llama()
+    batch = _rollout_batch(n=6, seed=5)
+    mask = batch["loss_mask"]
+    with torch.no_grad():
+        lp_pad, ent_pad = forward_logprobs(model, batch, 1.0, True)
+        lp_pack, ent_pack = forward_logprobs_packed(model, batch, 1.0, True)
+    torch.testing.assert_close(lp_pack[mask], lp_pad[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_pack[mask], ent_pad[mask], atol=1e-5, rtol=0)
+
+
 def test_packed_no_grad_and_edge_cases() -> None:
     model = _tiny_llama()
     batch = _rollout_batch(n=5, seed=2)

@@ -119,6 +119,18 @@ def forward_logprobs(
     return logp_full, ent_full
 
 
+def _supports_logits_to_keep_mask() -> bool:
+    """transformers >= 5.2x slices hidden states with a boolean [b, t] ``logits_to_keep``."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_LOGITS_TO_KEEP_MASK = _supports_logits_to_keep_mask()
+
+
 def forward_logprobs_packed(
     model: torch.nn.Module,
     mb: Batch,
@@ -152,15 +164,17 @@ def forward_logprobs_packed(
             "max_length_q": layout.max_seqlen,
             "max_length_k": layout.max_seqlen,
         }
+    keep = layout.logits_to_keep.to(device)
     out = model(
         input_ids=layout.input_ids.to(device),
         attention_mask=None,
         position_ids=layout.position_ids.to(device),
-        logits_to_keep=layout.logits_to_keep.to(device),
+        logits_to_keep=keep if _LOGITS_TO_KEEP_MASK else 0,
         use_cache=False,
         **extra,
     )
-    logits = out.logits  # [K, vocab]: the kept positions, row-major
+    # [K, vocab]: the kept positions, row-major
+    logits = out.logits if _LOGITS_TO_KEEP_MASK else out.logits[keep]
     logp, ent = token_logprobs(logits, layout.labels.to(device), temperature, compute_entropy)
     rows, cols = layout.dst_rows.to(device), layout.dst_cols.to(device)
     logp_full[rows, cols] = logp.float()
