@@ -7,6 +7,7 @@ import torch
 from areal_m2po.api.cli_args import CriticConfig
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.train_engine import _TORCH_DTYPES, HFTrainEngine
+from areal_m2po.utils import dist
 from areal_m2po.utils import functional as F
 from areal_m2po.utils.data import Batch, select_rows, trim_columns
 
@@ -71,7 +72,9 @@ class PPOCritic:
     def ppo_update(self, batch: Batch) -> dict[str, float]:
         """``ppo_n_minibatches`` optimizer steps on the value loss; returns averaged stats."""
         n = int(batch["input_ids"].shape[0])
-        k = min(self.config.ppo_n_minibatches, n)
+        # every rank must take the same number of optimizer steps (DDP syncs each backward)
+        k_local = torch.tensor([float(min(self.config.ppo_n_minibatches, n))])
+        k = int(-dist.all_reduce_max(-k_local)[0])
         bounds = [round(i * n / k) for i in range(k + 1)]
         out: dict[str, float] = {}
         for i in range(k):
