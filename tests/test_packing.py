@@ -180,3 +180,30 @@ def test_engine_packing_option_trains_identically() -> None:
     torch.testing.assert_close(
         params[(True, "lp")][mask], params[(False, "lp")][mask], atol=1e-5, rtol=0
     )
+
+
+def test_engine_falls_back_when_packing_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose attention ignores the packed boundaries is caught and trained padded."""
+    import transformers.masking_utils as mu
+    from accelerate import Accelerator
+
+    from areal_m2po.api.cli_args import MicroBatchSpec, TrainEngineConfig
+    from areal_m2po.engine.train_engine import HFTrainEngine
+
+    if "packing" not in {f for f in MicroBatchSpec.__dataclass_fields__}:
+        pytest.skip("MicroBatchSpec has no packing field")
+    batch = _rollout_batch(n=6, seed=6)
+    cfg = TrainEngineConfig(path="unused", mb_spec=MicroBatchSpec(packing=True))
+    good = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
+    good.compute_logprobs(batch, 1.0)
+    assert good._packing_ok is True
+
+    # without packed-sequence detection every row is one causal sequence: packing leaks
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)
+    bad = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
+    lp, _ = bad.compute_logprobs(batch, 1.0)
+    assert bad._packing_ok is False
+    with torch.no_grad():
+        ref, _ = forward_logprobs(bad.model, batch, 1.0, False)
+    mask = batch["loss_mask"]
+    torch.testing.assert_close(lp[mask], ref[mask], atol=1e-6, rtol=0)

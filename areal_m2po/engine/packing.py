@@ -65,7 +65,14 @@ class PackedLayout:
 
 
 def is_flash_attention(model: torch.nn.Module) -> bool:
-    """True when the model's attention is a flash kernel (varlen over one packed row)."""
+    """True when the model's attention is a flash kernel (varlen over one packed row).
+
+    Looks through wrappers that keep the model in ``.module`` (DDP, FSDP, DeepSpeed).
+    """
+    for _ in range(4):
+        if hasattr(model, "config") or not hasattr(model, "module"):
+            break
+        model = model.module
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) or ""
     return "flash" in str(impl)

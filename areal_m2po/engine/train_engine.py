@@ -136,6 +136,7 @@ def forward_logprobs_packed(
     mb: Batch,
     temperature: float,
     compute_entropy: bool = True,
+    single_row: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`forward_logprobs` without padding: the sequences are packed into rows.
 
@@ -143,13 +144,17 @@ def forward_logprobs_packed(
     ``mb["input_ids"]``), except that only the ``loss_mask`` positions are filled: every other
     entry is 0. Equal to the padded path at those positions up to float rounding (see
     ``tests/test_packing.py``). See :mod:`areal_m2po.engine.packing` for how the attention
-    backends keep the packed sequences apart.
+    backends keep the packed sequences apart. ``single_row`` forces every sequence into one
+    row (default: only for flash attention).
     """
     b, full_t = mb["input_ids"].shape
     device = mb["input_ids"].device
     flash = is_flash_attention(model)
     layout = pack_micro_batch(
-        mb["input_ids"], mb["attention_mask"], mb["loss_mask"], single_row=flash
+        mb["input_ids"],
+        mb["attention_mask"],
+        mb["loss_mask"],
+        single_row=flash if single_row is None else single_row,
     )
     logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
@@ -212,9 +217,10 @@ class HFTrainEngine:
         forward_fn: ForwardFn | None = None,
     ) -> None:
         self.config = config
+        self._packing_ok: bool | None = None  # packed == padded on this model (checked once)
         if forward_fn is None:
             packing = bool(getattr(config.mb_spec, "packing", False))
-            forward_fn = forward_logprobs_packed if packing else forward_logprobs
+            forward_fn = self._forward_packed_checked if packing else forward_logprobs
         self.forward_fn: ForwardFn = forward_fn
         self.accelerator = accelerator
         self.version = 0
@@ -298,6 +304,52 @@ class HFTrainEngine:
             logp[idx] = mb_logp.cpu()
             ent[idx] = mb_ent.cpu()
         return logp, ent
+
+    def _forward_packed_checked(
+        self, model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed forward, once it has been seen to equal the padded one on this model."""
+        if self._packing_ok is None:
+            self._packing_ok = self._check_packing(model, mb, temperature)
+        if self._packing_ok is False:
+            return forward_logprobs(model, mb, temperature, compute_entropy)
+        return forward_logprobs_packed(model, mb, temperature, compute_entropy)
+
+    @torch.no_grad()
+    def _check_packing(self, model: torch.nn.Module, mb: Batch, temperature: float) -> bool | None:
+        """Compare packed and padded log-probs on a few sequences of the first micro-batch.
+
+        The sequences go into one packed row, so a model that lets packed sequences see each
+        other (a recurrent/SSM layer, a custom attention ignoring position ids) shows it. Returns
+        None (check later) when the micro-batch has nothing to score.
+        """
+        rows = torch.nonzero(mb["loss_mask"].any(-1)).flatten()[:4]
+        if rows.numel() == 0:
+            return None
+        sub = {k: v.index_select(0, rows) for k, v in mb.items() if v.dim() >= 1}
+        was_training = model.training
+        model.eval()
+        try:
+            padded, _ = forward_logprobs(model, sub, temperature, False)
+            packed, _ = forward_logprobs_packed(model, sub, temperature, False, single_row=True)
+        finally:
+            model.train(was_training)
+        mask = sub["loss_mask"]
+        diff = float((padded[mask] - packed[mask]).abs().max())
+        low_precision = self.accelerator.mixed_precision != "no" or any(
+            p.dtype != torch.float32 for p in model.parameters()
+        )
+        tol = 5e-2 if low_precision else 1e-3
+        if diff > tol:
+            logger.warning(
+                "mb_spec.packing: packed log-probs differ from the padded ones by %.3g on this "
+                "model (tolerance %.0e); using padded micro-batches",
+                diff,
+                tol,
+            )
+            return False
+        logger.info("mb_spec.packing: packed forward checked (max |diff| %.2g)", diff)
+        return True
 
     # -- training -----------------------------------------------------------------------------
 
