@@ -490,6 +490,7 @@ def logprob_memory(
         fn()  # warm-up
         out[name] = peak_extra_bytes(fn, device) / size
     out["logits_mb"] = size / 2**20
+    out["vocab"] = float(vocab)
     return out
 
 
@@ -541,19 +542,26 @@ def rl_breakdown(
         trainer.train()
     finally:
         trainer.close()
-    timed = rows[1:] if len(rows) > 1 else rows
+    # with staleness 1 the batch trained at step j was generated during step j - 1, and its
+    # generation time is logged with it: the generation done inside step j is in rows[j + 1].
+    # The first step (warm-up) and the last (its generation is never logged) are left out.
+    if len(rows) < 3:
+        raise SystemExit("--rl-steps must be at least 3")
+    timed = rows[1:-1]
+    gens = rows[2:]
 
-    def med(key: str) -> float:
-        return statistics.median(r.get(key, 0.0) for r in timed)
+    def total(key: str, src: list[dict[str, float]] = timed) -> float:
+        return sum(r.get(key, 0.0) for r in src)
 
-    step_s = med("timing/step_s")
-    gen = med("timing/gen_s") + med("timing/reward_s")
-    prox, ref, upd = med("timing/prox_s"), med("timing/ref_s"), med("timing/update_s")
-    other = max(step_s - gen - prox - ref - upd, 0.0)
+    # shares of the summed step time (additive, unlike medians of the parts)
+    step_s = total("timing/step_s")
+    gen = total("timing/gen_s", gens) + total("timing/reward_s", gens)
+    prox, ref, upd = total("timing/prox_s"), total("timing/ref_s"), total("timing/update_s")
+    other = step_s - gen - prox - ref - upd
     n_seq = n_prompts * n_samples
-    tokens = statistics.median(r.get("rollout/gen_len_mean", 0.0) * n_seq for r in timed)
+    tokens = sum(r.get("rollout/gen_len_mean", 0.0) * n_seq for r in gens)
     return {
-        "step_s": step_s,
+        "step_s": step_s / len(timed),
         "gen_pct": 100 * gen / step_s,
         "logprob_pct": 100 * prox / step_s,
         "ref_pct": 100 * ref / step_s,
@@ -606,6 +614,10 @@ def time_update(
             (flops / t) / (mm_flops / m) for t, m in zip(times[key], times["matmul"])
         )
 
+    log.info(
+        "rounds: %s",
+        json.dumps({k: [round(x, 4) for x in v] for k, v in times.items()}),
+    )
     return {
         "ours_s": med["ours"],
         "bare_s": med["bare"],
@@ -666,7 +678,7 @@ def _r(v: Any) -> Any:
     return round(v, 4) if isinstance(v, float) else v
 
 
-def final_lines(results: list[dict[str, Any]]) -> list[str]:
+def final_lines(results: list[dict[str, Any]], mem: dict[str, float]) -> list[str]:
     lines: list[str] = []
     for res in results:
         s = res["size"]
@@ -683,7 +695,16 @@ def final_lines(results: list[dict[str, Any]]) -> list[str]:
     lines += [
         f"overhead_ratio={last['overhead_ratio']:.3f}",
         f"m2po_fraction_of_update={last['m2po_fraction_of_update']:.4f}",
-        f"logprob_peak_mem_ratio={max(r['logprob_peak_mem_ratio'] for r in results):.3f}",
+        f"logprob_peak_mem_ratio@vocab{int(mem['vocab'])}="
+        f"{max(mem['ours_fwd'], mem['ours_train']):.3f}",
+        "logprob_peak_mem_ratio="
+        + format(
+            max(
+                [mem["ours_fwd"], mem["ours_train"]]
+                + [r["logprob_peak_mem_ratio"] for r in results]
+            ),
+            ".3f",
+        ),
         f"mfu={last['mfu']:.3f}",
     ]
     if "rl_step_s" in last:
@@ -734,9 +755,17 @@ def main(argv: list[str] | None = None) -> int:
         default="1m,10m",
         help="comma list of 1m, 10m, 135m (SmolLM2's shape, random weights), smollm2 (real)",
     )
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads (1: on a shared CPU, 2+ threads spin-wait for each other "
+        "whenever another job holds a core, which swamps the ratios)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (median)")
-    p.add_argument("--rl-steps", type=int, default=4, help="RLTrainer steps (0: skip)")
+    p.add_argument(
+        "--rl-steps", type=int, default=5, help="RLTrainer steps, >= 3 (0: skip the RL step)"
+    )
     p.add_argument("--prompts", type=int, default=8, help="prompts per batch")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32, help="update batch completions")
@@ -744,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens-per-mb", type=int, default=1024)
     p.add_argument("--m2-scope", default="global", choices=("global", "microbatch"))
     p.add_argument("--matmul-n", type=int, default=1024, help="matmul probe size")
+    p.add_argument("--mem-vocab", type=int, default=49152, help="vocabulary of the memory probe")
+    p.add_argument("--mem-rows", type=int, default=1088, help="logits rows of the memory probe")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--amp", default="none", choices=("none", "bf16"))
     p.add_argument(
@@ -767,10 +798,22 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
             results.append(bench_size(size, args, Path(tmp)))
+    # the log-prob memory at a real vocabulary (SmolLM2's), whatever the model sizes run:
+    # the scored positions of a 64 x 16-token GRPO batch plus one per sequence
+    mem = logprob_memory(args.mem_rows, args.mem_vocab, torch.device(args.device), torch.float32)
+    log.info(
+        "memory at vocab %d: %s", args.mem_vocab, json.dumps({k: _r(v) for k, v in mem.items()})
+    )
     print(table(results))
+    print(
+        f"log-prob memory, {args.mem_rows} x {args.mem_vocab} fp32 logits "
+        f"({mem['logits_mb']:.0f} MiB), peak extra / logits: engine {mem['ours_fwd']:.2f} "
+        f"(no grad), {mem['ours_train']:.2f} (with backward); full log_softmax "
+        f"{mem['full_fwd']:.2f}, {mem['full_train']:.2f}"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
-    for line in final_lines(results):
+        Path(args.json).write_text(json.dumps({"sizes": results, "memory": mem}, indent=1))
+    for line in final_lines(results, mem):
         print(line)
     return 0
 

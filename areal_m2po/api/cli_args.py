@@ -190,10 +190,12 @@ class MicroBatchSpec:
         "when a batch exceeds it. null = no budget.",
     )
     packing: bool = _field(
-        False,
-        "Pack the sequences of a micro-batch into rows without padding in the training and "
-        "log-prob forward passes (position ids restart per sequence; varlen kernel with flash "
-        "attention, block-diagonal mask with sdpa/eager). Same log-probs as the padded layout.",
+        True,
+        "Pack the sequences of a micro-batch into rows without padding in the policy's "
+        "log-prob forward passes, training and recompute (position ids restart per sequence; "
+        "varlen kernel with flash attention, block-diagonal mask with sdpa/eager). Same "
+        "log-probs as the padded layout (checked once per model; a model that mixes packed "
+        "sequences falls back to padding). The critic's value forward is always padded.",
     )
 
     def __post_init__(self) -> None:
