@@ -207,3 +207,38 @@ def test_engine_falls_back_when_packing_leaks(monkeypatch: pytest.MonkeyPatch) -
         ref, _ = forward_logprobs(bad.model, batch, 1.0, False)
     mask = batch["loss_mask"]
     torch.testing.assert_close(lp[mask], ref[mask], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefill_generation_equals_plain_generate(temperature: float) -> None:
+    """Prompts encoded once then the cache repeated: same tokens and per-step logits."""
+    from transformers import GenerationConfig
+
+    from areal_m2po.engine.prefill import generate_shared_prefill
+
+    model = _tiny_llama(vocab=97)
+    p, length, n = 3, 7, 4
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 97, (p, length), generator=g)
+    attn = torch.ones(p, length, dtype=torch.long)
+    ids[0, :3], attn[0, :3] = 0, 0  # left padding
+    cfg = GenerationConfig(
+        max_new_tokens=6,
+        do_sample=True,
+        temperature=temperature,
+        top_k=None,
+        top_p=1.0,
+        return_dict_in_generate=True,
+        output_logits=True,
+        pad_token_id=0,
+        eos_token_id=[1],
+    )
+    plain_cfg = GenerationConfig(**{**cfg.to_dict(), "num_return_sequences": n})
+    torch.manual_seed(5)
+    plain = model.generate(input_ids=ids, attention_mask=attn, generation_config=plain_cfg)
+    torch.manual_seed(5)
+    shared = generate_shared_prefill(model, ids, attn, cfg, n)
+    assert torch.equal(plain.sequences, shared.sequences)
+    assert len(plain.logits) == len(shared.logits)
+    for a, b in zip(plain.logits, shared.logits):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
