@@ -799,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.clock == "auto":
         args.clock = "cpu" if args.device == "cpu" else "wall"
+    # every Accelerator of the process (ours and RLTrainer's) must agree on mixed precision
+    os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if args.amp == "bf16" else "no"
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     for noisy in ("areal_m2po", "transformers", "accelerate"):
