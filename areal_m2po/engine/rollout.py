@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.engine.prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
 
 logger = logging.getLogger("areal_m2po.rollout")
@@ -122,9 +123,8 @@ class RolloutEngine:
             extra["tokenizer"] = self.tokenizer
         if seed is not None:
             torch.manual_seed(seed)
-        out = self.model.generate(
-            input_ids=ids, attention_mask=attn, generation_config=hf_cfg, **extra
-        )
+        # each prompt is encoded once and its KV cache shared by its n samples
+        out = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
         seqs = out.sequences  # [B*n, P + C]
         p = ids.shape[1]
         gen = seqs[:, p:]
