@@ -101,7 +101,12 @@ BAD_INPUTS: list[tuple[str, Argv, str, str]] = [
     ("temperature", ["gconfig.temperature=0.7"], "actor.temperature", "gconfig.temperature"),
     ("greedy-group", ["gconfig.greedy=true"], "gconfig.greedy", "identical"),
     ("minibatches", ["actor.ppo_n_minibatches=3"], "actor.ppo_n_minibatches", "divide"),
-    ("sapo-dual-clip", ["actor.use_sapo_loss=true", "actor.c_clip=3"], "actor.c_clip", "SAPO"),
+    (
+        "sapo-dual-clip",
+        ["actor.use_sapo_loss=true", "actor.use_decoupled_loss=false", "actor.c_clip=3"],
+        "actor.c_clip",
+        "SAPO",
+    ),
     (
         "leave1out-no-mean",
         ["actor.adv_norm.mean_level=null", "actor.adv_norm.mean_leave1out=true"],

@@ -179,7 +179,11 @@ def test_custom_reward_run_logs_the_custom_functions_rewards(tmp_path, monkeypat
     records = [r for r in result["metrics"] if "reward/mean" in r]
     assert [r["step"] for r in records] == [1, 2]
     per_step = 4 * 4  # train_dataset.batch_size x gconfig.n_samples, no evaluation
-    assert len(calls) == 2 * per_step
+    # with rollout.staleness = s the trainer generates s batches ahead of the one it trains
+    import yaml
+
+    staleness = yaml.safe_load((out_dir / "config.yaml").read_text())["rollout"]["staleness"]
+    assert len(calls) == (2 + staleness) * per_step
     for i, r in enumerate(records):
         batch = calls[i * per_step : (i + 1) * per_step]
         assert r["reward/mean"] == pytest.approx(sum(batch) / per_step, abs=1e-6)

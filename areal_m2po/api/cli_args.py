@@ -466,8 +466,9 @@ class ActorConfig(TrainEngineConfig):
         if self.use_sapo_loss and self.use_decoupled_loss:
             raise ConfigError(
                 "use_sapo_loss",
-                "SAPO is not defined with the decoupled loss (use_decoupled_loss=true); "
-                "M2PO already works with SAPO without it",
+                "SAPO is not defined with the decoupled loss: also set "
+                "actor.use_decoupled_loss=false (the built-in default turns it on); "
+                "M2PO still acts with SAPO without it",
             )
         if self.use_sapo_loss and self.importance_sampling_level == "sequence":
             raise ConfigError(
@@ -756,7 +757,14 @@ class StatsLoggerConfig:
 
 
 def _default_actor() -> ActorConfig:
-    return ActorConfig(m2_threshold=0.04)
+    # AReaL's M2PO recipe: decoupled PPO (clip against the proximal policy, weight by
+    # pi_prox / pi_behave) with the M2PO mask on behaviour vs proximal
+    return ActorConfig(m2_threshold=0.04, use_decoupled_loss=True)
+
+
+def _default_rollout() -> RolloutConfig:
+    # one step of lag, as in a one-step-ahead asynchronous pipeline, so M2PO has work to do
+    return RolloutConfig(staleness=1)
 
 
 @dataclass
@@ -774,7 +782,7 @@ class PPOConfig:
     )
     total_train_epochs: int = _field(1, "Epochs over the training prompts.")
     total_train_steps: int | None = _field(
-        20, "Stop after this many training steps (null: run all epochs)."
+        25, "Stop after this many training steps (null: run all epochs)."
     )
     num_threads: int | None = _field(
         None, "torch CPU threads (null: torch's default). Fix it when timing."
@@ -784,7 +792,7 @@ class PPOConfig:
     ref: RefConfig = _section(RefConfig, "Reference model for the KL penalty.")
     critic: CriticConfig = _section(CriticConfig, "Optional critic (classic PPO).")
     gconfig: GenerationConfig = _section(GenerationConfig, "Generation (sampling) settings.")
-    rollout: RolloutConfig = _section(RolloutConfig, "Rollout staleness and filtering.")
+    rollout: RolloutConfig = _section(_default_rollout, "Rollout staleness and filtering.")
     train_dataset: DatasetConfig = _section(DatasetConfig, "Training prompts.")
     valid_dataset: DatasetConfig = _section(_valid_dataset_default, "Held-out evaluation prompts.")
     reward: RewardConfig = _section(RewardConfig, "Reward function.")
