@@ -134,30 +134,27 @@ class PPOActor:
     # -- advantages ---------------------------------------------------------------------------
 
     def _normalize_scores(self, scores: torch.Tensor, norm: NormConfig) -> torch.Tensor:
-        """Normalise sequence scores [B] with group statistics (local) or batch ones (global)."""
-        group = norm.group_size or self.group_size
+        """Normalise sequence scores [B] with group statistics (local) or batch ones (global).
+
+        Batch-level statistics gather every rank's scores, normalise the concatenation and keep
+        this rank's slice; groups never span ranks, so group statistics stay local.
+        """
+        offset = 0
         if "batch" in (norm.mean_level, norm.std_level) and dist.is_distributed():
-            all_scores, sizes = dist.all_gather_cat(scores)
-            normed = F.group_normalize(
-                all_scores,
-                mean_level=norm.mean_level,
-                std_level=norm.std_level,
-                group_size=group,
-                mean_leave1out=norm.mean_leave1out,
-                std_unbiased=norm.std_unbiased,
-                eps=norm.eps,
-            )
+            scores_all, sizes = dist.all_gather_cat(scores)
             offset = sum(sizes[: dist.rank()])
-            return normed[offset : offset + scores.numel()]
-        return F.group_normalize(
-            scores,
+        else:
+            scores_all = scores
+        normed = F.group_normalize(
+            scores_all,
             mean_level=norm.mean_level,
             std_level=norm.std_level,
-            group_size=group,
+            group_size=norm.group_size or self.group_size,
             mean_leave1out=norm.mean_leave1out,
             std_unbiased=norm.std_unbiased,
             eps=norm.eps,
         )
+        return normed[offset : offset + scores.numel()]
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Fill ``batch["advantages"]`` (and ``batch["returns"]``), float32 [B, T].
