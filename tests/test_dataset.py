@@ -17,12 +17,6 @@ from areal_m2po.dataset import (
 from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-
-
 def _write_jsonl(path, lines: list[str]) -> str:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)

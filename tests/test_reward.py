@@ -18,12 +18,6 @@ from areal_m2po.reward import (
 from areal_m2po.reward import math_reward as math_reward_module
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-
-
 # ------------------------------------------------------------------ extraction
 @pytest.mark.parametrize(
     ("text", "expected"),

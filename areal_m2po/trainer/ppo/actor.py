@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 import torch
 
@@ -133,6 +134,17 @@ class PPOActor:
 
     # -- advantages ---------------------------------------------------------------------------
 
+    def _norm_kwargs(self, norm: NormConfig) -> dict[str, Any]:
+        """The keyword arguments of the functional normalisers for a NormConfig section."""
+        return {
+            "mean_level": norm.mean_level,
+            "std_level": norm.std_level,
+            "group_size": norm.group_size or self.group_size,
+            "mean_leave1out": norm.mean_leave1out,
+            "std_unbiased": norm.std_unbiased,
+            "eps": norm.eps,
+        }
+
     def _normalize_scores(self, scores: torch.Tensor, norm: NormConfig) -> torch.Tensor:
         """Normalise sequence scores [B] with group statistics (local) or batch ones (global).
 
@@ -145,15 +157,7 @@ class PPOActor:
             offset = sum(sizes[: dist.rank()])
         else:
             scores_all = scores
-        normed = F.group_normalize(
-            scores_all,
-            mean_level=norm.mean_level,
-            std_level=norm.std_level,
-            group_size=norm.group_size or self.group_size,
-            mean_leave1out=norm.mean_leave1out,
-            std_unbiased=norm.std_unbiased,
-            eps=norm.eps,
-        )
+        normed = F.group_normalize(scores_all, **self._norm_kwargs(norm))
         return normed[offset : offset + scores.numel()]
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
@@ -210,16 +214,10 @@ class PPOActor:
         values = batch.get("values", torch.zeros_like(mask_f))
         adv, returns = F.gae_advantages(token_rewards, values, loss_mask, c.discount, c.gae_lambda)
         if c.adv_norm is not None:
-            norm = c.adv_norm
             adv = F.masked_normalize(
                 adv,
                 loss_mask,
-                mean_level=norm.mean_level,
-                std_level=norm.std_level,
-                group_size=norm.group_size or self.group_size,
-                mean_leave1out=norm.mean_leave1out,
-                std_unbiased=norm.std_unbiased,
-                eps=norm.eps,
+                **self._norm_kwargs(c.adv_norm),
                 batch_sum=dist.all_reduce_sum if dist.is_distributed() else None,
             )
         batch["advantages"] = adv * mask_f
