@@ -375,6 +375,14 @@ class ActorConfig(TrainEngineConfig):
     rejection_sampling: RejectionSamplingConfig | None = _field(
         None, "Masked/truncated importance sampling of the behaviour weight (null = off)."
     )
+    use_behave_imp_weight: bool = _field(
+        True,
+        "Decoupled loss without rejection_sampling: weight each token's loss by the uncapped "
+        "behaviour weight pi_prox/pi_behave (the decoupled PPO objective, true) or by nothing "
+        "(false: AReaL, whose decoupled loss applies no behaviour weight when "
+        "rejection_sampling is null). With rejection_sampling set the weight it bounds is "
+        "always applied.",
+    )
     importance_sampling_level: str = _field(
         "token", "Ratio per token (PPO) or per sequence (GSPO).", choices=("token", "sequence")
     )
@@ -437,6 +445,7 @@ class ActorConfig(TrainEngineConfig):
         _check_number("sapo_tau_neg", self.sapo_tau_neg, gt=0)
         _check_bool("use_decoupled_loss", self.use_decoupled_loss)
         _check_bool("recompute_logprob", self.recompute_logprob)
+        _check_bool("use_behave_imp_weight", self.use_behave_imp_weight)
         _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
         _check_number("temperature", self.temperature, gt=0)
         _check_bool("skip_zero_adv_seqs", self.skip_zero_adv_seqs)
@@ -463,6 +472,12 @@ class ActorConfig(TrainEngineConfig):
         if self.rejection_sampling is not None:
             _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
         # contradictions inside the actor
+        if self.rejection_sampling is not None and not self.use_behave_imp_weight:
+            raise ConfigError(
+                "use_behave_imp_weight",
+                "rejection_sampling masks or clamps the behaviour weight, so it needs it: set "
+                "use_behave_imp_weight=true or rejection_sampling=null",
+            )
         if self.use_sapo_loss and self.use_decoupled_loss:
             raise ConfigError(
                 "use_sapo_loss",

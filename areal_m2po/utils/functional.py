@@ -1130,24 +1130,38 @@ def _apply_rejection_sampling(
 def _policy_ratio(
     lp: torch.Tensor,
     ref: torch.Tensor,
+    advantages: torch.Tensor,
     valid: torch.Tensor,
     keep: torch.Tensor,
     level: str,
-) -> torch.Tensor:
-    """Token ratio exp(lp - ref), or the GSPO sequence ratio with the GSPO-token gradient.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy ratio of every token and the advantage it is multiplied with.
 
-    For "sequence": value = exp(mean over the row's kept tokens of (lp - ref)) on every
-    token, and d ratio_t / d lp_t = ratio_t (stop-gradient trick
-    ``exp(sg(seq_mean) + lr_t - sg(lr_t))``), so each token is pushed with the sequence ratio.
+    "token": ``r_t = exp(lp_t - ref_t)``, advantages unchanged.
+
+    "sequence" (GSPO, as AReaL computes it): ``r = exp(mean over the row's kept tokens of
+    (lp - ref))`` with its full gradient (``d r / d lp_t = r / n_kept``), on every token of the
+    row, and each token's advantage replaced by the mean advantage of the row's kept tokens.
+    The row's loss is then a function of the sequence ratio alone, so token-level behaviour
+    weights ``w_t`` enter the gradient of every token of the row through their mean
+    (``d loss / d lp_t`` is proportional to ``A_mean * r * mean_t'(w_t')``).
+
+    Args:
+        lp: ``[B, T]`` current log-probs (differentiable); ref: ``[B, T]`` (detached).
+        advantages: ``[B, T]`` (0 outside ``valid``).
+        valid, keep: bool ``[B, T]``; ``keep`` (tokens in the loss numerator) within ``valid``.
+    Returns:
+        ``(ratio, advantages)``, both ``[B, T]``.
     """
     log_r = torch.where(valid, lp - ref, 0.0)
     if level == "token":
-        return torch.exp(log_r)
+        return torch.exp(log_r), advantages
     if log_r.ndim != 2:
         raise ValueError("importance_sampling_level='sequence' needs [B, T] tensors")
-    lr_kept = torch.where(keep, log_r, 0.0).detach()
-    seq_mean = lr_kept.sum(dim=1, keepdim=True) / keep.sum(dim=1, keepdim=True).clamp(min=1)
-    return torch.exp(seq_mean + log_r - log_r.detach())
+    n_kept = keep.sum(dim=1, keepdim=True).clamp(min=1).to(log_r.dtype)
+    seq_log_r = torch.where(keep, log_r, 0.0).sum(dim=1, keepdim=True) / n_kept
+    seq_adv = torch.where(keep, advantages, 0.0).sum(dim=1, keepdim=True) / n_kept
+    return torch.exp(seq_log_r).expand_as(log_r), seq_adv.expand_as(log_r)
 
 
 def _check_loss_inputs(
@@ -1186,8 +1200,9 @@ def ppo_actor_loss_fn(
     see :func:`_policy_ratio`), ``pg1 = -A r``, ``pg2 = -A clamp(r, 1 - eps_clip,
     1 + (eps_clip_higher or eps_clip))``, ``loss = max(pg1, pg2)``; with ``c_clip`` tokens with
     ``A < 0`` get ``min(loss, -A c_clip)``. The loss is multiplied by the detached behaviour
-    weight ``w = exp(proximal_logprobs - old_logprobs)`` (1 when proximal == old), possibly
-    clamped by ``rejection_sampling``. Numerator tokens: ``loss_mask & m2po_mask & rejection
+    weight ``w = exp(proximal_logprobs - old_logprobs)`` (1 when proximal == old: pass
+    ``old_logprobs=proximal_logprobs`` for AReaL's decoupled loss without rejection sampling,
+    which applies no behaviour weight), possibly clamped by ``rejection_sampling``. Numerator tokens: ``loss_mask & m2po_mask & rejection
     keep``; denominators from ``loss_mask`` (see :func:`agg_loss`).
 
     Args:
@@ -1256,7 +1271,7 @@ def ppo_actor_loss_fn(
         w = torch.where(cand, w, torch.exp(log_w))
         keep = cand & keep_rs
 
-    ratio = _policy_ratio(lp, prox, valid, keep, importance_sampling_level)
+    ratio, adv = _policy_ratio(lp, prox, adv, valid, keep, importance_sampling_level)
     clipped = ratio.clamp(1.0 - eps_lo, 1.0 + eps_hi)
     pg1 = -adv * ratio
     pg2 = -adv * clipped
@@ -1354,7 +1369,7 @@ def sapo_loss_fn(
     lp = logprobs.to(dtype)
     ref = old_logprobs.detach().to(dtype)
     adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
-    ratio = _policy_ratio(lp, ref, valid, keep, importance_sampling_level)
+    ratio, adv = _policy_ratio(lp, ref, adv, valid, keep, importance_sampling_level)
     tau = torch.where(adv > 0, tp, tn).to(dtype)
     s = torch.sigmoid(tau * (ratio - 1.0))
     token_loss = -adv * (4.0 / tau) * s

@@ -291,10 +291,14 @@ class PPOActor:
                 max_tokens_norm=self.max_new_tokens,
             )
         else:
+            # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there
+            # only with use_behave_imp_weight (which rejection_sampling requires); passing
+            # prox as the behaviour log-probs makes the weight 1
+            weighted = c.use_decoupled_loss and c.use_behave_imp_weight
             loss, loss_stats = F.ppo_actor_loss_fn(
                 logprobs=logp,
                 proximal_logprobs=prox,
-                old_logprobs=behave if c.use_decoupled_loss else prox,
+                old_logprobs=behave if weighted else prox,
                 advantages=adv,
                 eps_clip=c.eps_clip,
                 loss_mask=loss_mask,
