@@ -19,7 +19,6 @@ their own timeouts, or run the work in a subprocess they can kill.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import queue
@@ -29,6 +28,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
+
+from areal_m2po.utils.imports import load_object
 
 __all__ = ["RewardFn", "RewardRunner", "load_reward_fn"]
 
@@ -40,43 +41,15 @@ _POLL_S = 0.05  # wake-up interval while waiting for queued calls to start
 _MAX_REMEMBERED_MESSAGES = 1024
 
 
-def load_reward_fn(spec: str) -> RewardFn:
+def load_reward_fn(spec: str, key: str = "reward.path") -> RewardFn:
     """Import a reward function from ``"package.module:function"`` or ``"package.module.function"``.
 
     Raises:
-        ValueError: one line naming ``spec`` when it is malformed, the module cannot be
-            imported, the attribute is missing, or it is not callable.
+        ConfigError: (a ``ValueError``) one line naming ``key`` and ``spec`` when it is
+            malformed, the module is missing or fails to import (file and line named), the
+            attribute is missing, or it is not callable; see :func:`load_object`.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(
-            f"reward function spec {spec!r} is empty; expected 'package.module:function'"
-        )
-    spec = spec.strip()
-    if ":" in spec:
-        module_name, _, attr_path = spec.partition(":")
-    else:
-        module_name, _, attr_path = spec.rpartition(".")
-    if not module_name or not attr_path:
-        raise ValueError(
-            f"reward function spec {spec!r} is malformed; expected 'package.module:function'"
-        )
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"reward function spec {spec!r}: cannot import module {module_name!r} ({exc})"
-        ) from exc
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise ValueError(
-                f"reward function spec {spec!r}: module {module_name!r} has no attribute {attr_path!r}"
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(
-            f"reward function spec {spec!r}: {attr_path!r} is a {type(target).__name__}, not callable"
-        )
-    return target
+    return load_object(spec, key)
 
 
 @dataclass

@@ -63,6 +63,10 @@ class RLTrainer:
 
             save_config(cfg, os.path.join(self.output_dir, "config.yaml"))
         self._check_launch()
+        from areal_m2po.reward import load_reward_fn
+
+        # user code first: a reward module that does not import stops the run in a second
+        self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
         self._build_data()
         self._build_models()
         from areal_m2po.utils.stats_logger import StatsLogger
@@ -113,7 +117,7 @@ class RLTrainer:
 
         from areal_m2po.dataset import PromptLoader, build_prompts, load_records
         from areal_m2po.engine.builtin_models import resolve_model_path
-        from areal_m2po.reward import RewardRunner, load_reward_fn
+        from areal_m2po.reward import RewardRunner
 
         cfg = self.config
         tok_path = resolve_model_path(cfg.tokenizer_path or cfg.actor.path)
@@ -157,7 +161,7 @@ class RLTrainer:
         steps = self.loader.steps_per_epoch * cfg.total_train_epochs
         self.total_steps = min(steps, cfg.total_train_steps) if cfg.total_train_steps else steps
         self.reward_runner = RewardRunner(
-            load_reward_fn(cfg.reward.path), cfg.reward.timeout_s, cfg.reward.max_workers
+            self.reward_fn, cfg.reward.timeout_s, cfg.reward.max_workers
         )
 
     def _build_models(self) -> None:
