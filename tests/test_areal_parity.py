@@ -113,3 +113,137 @@ def test_gspo_sequence_statistics_use_only_kept_tokens():
     loss.backward()
     assert loss.item() == pytest.approx(-0.6)
     assert torch.allclose(lp.grad, _t([-0.6, 0.0]))
+
+
+# ---------------------------------------------------------------------------------------
+# Advantages and rewards (PPOActor.compute_advantages)
+# ---------------------------------------------------------------------------------------
+
+
+def _batch(lengths: list[int], rewards: list[float], no_eos: list[bool], width: int) -> dict:
+    loss_mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        loss_mask[i, :n] = True
+    return {
+        "loss_mask": loss_mask,
+        "rewards": torch.tensor(rewards),
+        "no_eos": torch.tensor(no_eos),
+        "logprobs": torch.zeros(len(lengths), width),
+    }
+
+
+def _advantages(batch: dict, group_size: int, max_new_tokens: int, **actor_kwargs) -> dict:
+    cfg = ActorConfig(**actor_kwargs)
+    actor = PPOActor(cfg, engine=None, group_size=group_size, max_new_tokens=max_new_tokens)  # type: ignore[arg-type]
+    stats = actor.compute_advantages(batch)
+    return {**batch, "stats": stats}
+
+
+def test_grpo_group_statistics_per_sequence_and_token_weighted():
+    # one group: scores [1, 0, 0, 0], lengths [2, 10, 10, 10] (32 tokens)
+    lengths, rewards = [2, 10, 10, 10], [1.0, 0.0, 0.0, 0.0]
+    # per sequence (default): mean 1/4, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5,
+    # advantages (x - 0.25) / (0.5 + 1e-5) = [1.5, -0.5, -0.5, -0.5]
+    out = _advantages(_batch(lengths, rewards, [False] * 4, 10), 4, 10)
+    first = out["advantages"][:, 0]
+    assert torch.allclose(first, torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-4)
+    # token-weighted (AReaL): mean 2/32 = 1/16; sum of squared deviations
+    # 2 (15/16)^2 + 30 (1/16)^2 = 1.875, unbiased std sqrt(1.875 / 31) = 0.24593;
+    # advantages (15/16) / 0.24593 = 3.81 and -(1/16) / 0.24593 = -0.25
+    out = _advantages(_batch(lengths, rewards, [False] * 4, 10), 4, 10, adv_norm_weighting="token")
+    std = math.sqrt(1.875 / 31) + 1e-5
+    expected = torch.tensor([15 / 16 / std, -1 / 16 / std, -1 / 16 / std, -1 / 16 / std])
+    assert torch.allclose(out["advantages"][:, 0], expected, atol=1e-5)
+    assert [round(v, 2) for v in out["advantages"][:, 0].tolist()] == [3.81, -0.25, -0.25, -0.25]
+    # every valid token of a row carries the row's advantage, padding 0
+    assert torch.equal(out["advantages"] != 0, out["loss_mask"])
+
+
+def test_overlong_penalty_before_reward_scaling_and_clip():
+    # length 10 = max_new_tokens, window 4, factor 1: penalty -(10 - 6) / 4 * 1 = -1 on the raw
+    # reward 1 -> 0, then (0 + 0) * 2 clipped to 1.5 -> 0. (Penalty after scaling and clipping
+    # would give clip(2, 1.5) - 1 = 0.5.)
+    out = _advantages(
+        _batch([10], [1.0], [True], 10),
+        1,
+        10,
+        adv_norm=None,
+        reward_scaling=2.0,
+        reward_clip=1.5,
+        overlong_reward_penalty=True,
+        overlong_tokens=4,
+        overlong_penalty_factor=1.0,
+    )
+    assert torch.allclose(out["advantages"], torch.zeros(1, 10))
+    # length 8: penalty -0.5 -> (1 - 0.5) * 2 = 1.0 (inside the clip)
+    out = _advantages(
+        _batch([8], [1.0], [False], 10),
+        1,
+        10,
+        adv_norm=None,
+        reward_scaling=2.0,
+        reward_clip=1.5,
+        overlong_reward_penalty=True,
+        overlong_tokens=4,
+        overlong_penalty_factor=1.0,
+    )
+    assert out["advantages"][0, :8].tolist() == pytest.approx([1.0] * 8)
+
+
+def _kl_batch() -> dict:
+    # one token: proximal - ref = 15 (k1 = 15), behaviour - ref = 2
+    batch = _batch([1], [0.0], [False], 1)
+    batch["prox_logp"] = torch.tensor([[15.0]])
+    batch["logprobs"] = torch.tensor([[2.0]])
+    batch["ref_logp"] = torch.zeros(1, 1)
+    return batch
+
+
+def test_kl_reward_clamped_to_ten_like_areal():
+    # k1 = 15 clamped to 10; token reward -0.1 * 10 = -1, GAE (gamma = lambda = 1, no critic)
+    # gives advantage -1 (without the clamp: -1.5)
+    out = _advantages(_kl_batch(), 1, 1, adv_norm=None, kl_ctl=0.1)
+    assert out["advantages"].item() == pytest.approx(-1.0)
+    assert out["stats"]["actor/kl_ref"] == pytest.approx(10.0)
+
+
+def test_kl_reward_from_behaviour_logprobs_switch():
+    # kl_logp=behave: k1 = 2 - 0 = 2, advantage -0.2
+    out = _advantages(_kl_batch(), 1, 1, adv_norm=None, kl_ctl=0.1, kl_logp="behave")
+    assert out["advantages"].item() == pytest.approx(-0.2)
+
+
+def test_mask_no_eos_with_zero_zeroes_the_score_and_overlong_filtering_drops_the_row():
+    # group of 2, both rewards 1, row 1 truncated.
+    # mask_no_eos_with_zero (AReaL): scores [1, 0] -> group mean 0.5, unbiased std
+    # sqrt(0.5) -> advantages +-0.5 / (0.70711 + 1e-5); row 1 still trains
+    out = _advantages(
+        _batch([3, 3], [1.0, 1.0], [False, True], 3), 2, 3, mask_no_eos_with_zero=True
+    )
+    a = 0.5 / (math.sqrt(0.5) + 1e-5)
+    assert out["loss_mask"].all()
+    assert torch.allclose(out["advantages"], torch.tensor([[a] * 3, [-a] * 3]), atol=1e-6)
+    # overlong_filtering: scores [1, 1] -> advantages 0; row 1 out of the loss mask
+    out = _advantages(_batch([3, 3], [1.0, 1.0], [False, True], 3), 2, 3, overlong_filtering=True)
+    assert out["loss_mask"].tolist() == [[True] * 3, [False] * 3]
+    assert torch.equal(out["advantages"], torch.zeros(2, 3))
+
+
+def test_truncation_keys_refuse_stop_strings():
+    from areal_m2po.api.config_loader import load_config
+
+    for key in ("mask_no_eos_with_zero", "overlong_filtering"):
+        with pytest.raises(ConfigError, match=f"actor.{key}"):
+            load_config([f"actor.{key}=true", "gconfig.stop=[x]"])
+
+
+def test_kl_estimate_clamp_by_hand_and_validation():
+    from areal_m2po.utils.functional import kl_estimate
+
+    lp, ref = _t([15.0, -12.0, 0.5]), _t([0.0, 0.0, 0.0])
+    assert kl_estimate(lp, ref, "k1", clamp=10.0).tolist() == [[10.0, -10.0, 0.5]]
+    # k2 = d^2 / 2 = [112.5, 72, 0.125] -> [10, 10, 0.125]
+    assert kl_estimate(lp, ref, "k2", clamp=10.0).tolist() == [[10.0, 10.0, 0.125]]
+    assert kl_estimate(lp, ref, "k1").tolist() == [[15.0, -12.0, 0.5]]
+    with pytest.raises(ValueError, match="clamp"):
+        kl_estimate(lp, ref, "k1", clamp=0.0)

@@ -410,7 +410,19 @@ class ActorConfig(TrainEngineConfig):
     )
     # --- rewards and advantages -------------------------------------------------------------
     kl_ctl: float = _field(0.0, "Coefficient of the KL(policy || ref) penalty in the reward.")
-    kl_estimator: str = _field("k1", "KL estimator.", choices=("k1", "k2", "k3"))
+    kl_estimator: str = _field(
+        "k1",
+        "KL estimator of the reward penalty; each token's estimate is clamped to [-10, 10] "
+        "(as AReaL's).",
+        choices=("k1", "k2", "k3"),
+    )
+    kl_logp: str = _field(
+        "proximal",
+        "Policy log-probs in the KL reward penalty: the proximal ones (the policy at the start "
+        "of the step) or the behaviour ones recorded while sampling (AReaL with "
+        "use_decoupled_loss; without it AReaL uses the proximal ones).",
+        choices=("proximal", "behave"),
+    )
     reward_scaling: float = _field(1.0, "Rewards become clip((r + reward_bias) * reward_scaling).")
     reward_bias: float = _field(0.0, "Added to rewards before scaling.")
     reward_clip: float = _field(20.0, "Rewards are clipped to [-reward_clip, reward_clip].")
@@ -420,10 +432,26 @@ class ActorConfig(TrainEngineConfig):
     adv_norm: NormConfig | None = _section(
         NormConfig, "Normalise advantages (default: GRPO group mean/std); null = off."
     )
+    adv_norm_weighting: str = _field(
+        "sequence",
+        "How adv_norm weights rows when every token of a row carries the row's score (no "
+        "critic, no KL penalty: GRPO/RLOO): each sequence once (sequence; the GRPO paper) or "
+        "each valid token once, so a row weighs its length (token; AReaL). Token advantages "
+        "(critic or KL penalty) are always token-weighted.",
+        choices=("sequence", "token"),
+    )
     discount: float = _field(1.0, "GAE discount gamma.")
     gae_lambda: float = _field(1.0, "GAE lambda.")
     mask_no_eos_with_zero: bool = _field(
-        False, "Give truncated sequences (no EOS within max_new_tokens) zero loss weight."
+        False,
+        "Give truncated sequences (no EOS within max_new_tokens) a score of 0 after reward "
+        "scaling and reward_norm; they still train (AReaL's meaning). overlong_filtering "
+        "leaves them out of the loss instead.",
+    )
+    overlong_filtering: bool = _field(
+        False,
+        "DAPO overlong filtering: truncated sequences (no EOS within max_new_tokens) get no "
+        "loss weight (taken out of the loss mask); they still count in the group statistics.",
     )
     overlong_reward_penalty: bool = _field(
         False, "DAPO soft overlong punishment near max_new_tokens."
@@ -463,6 +491,7 @@ class ActorConfig(TrainEngineConfig):
         _check_number("discount", self.discount, ge=0, le=1)
         _check_number("gae_lambda", self.gae_lambda, ge=0, le=1)
         _check_bool("mask_no_eos_with_zero", self.mask_no_eos_with_zero)
+        _check_bool("overlong_filtering", self.overlong_filtering)
         _check_bool("overlong_reward_penalty", self.overlong_reward_penalty)
         _check_number("overlong_tokens", self.overlong_tokens, ge=1, integer=True, optional=True)
         _check_number("overlong_penalty_factor", self.overlong_penalty_factor, ge=0, optional=True)
@@ -908,11 +937,12 @@ class PPOConfig:
                 f"the penalty window must fit in gconfig.max_new_tokens ({g.max_new_tokens}), "
                 f"got {actor.overlong_tokens}",
             )
-        if actor.mask_no_eos_with_zero and g.stop:
-            raise ConfigError(
-                "actor.mask_no_eos_with_zero",
-                "stop strings end sequences without EOS; they would all be masked",
-            )
+        for key in ("mask_no_eos_with_zero", "overlong_filtering"):
+            if getattr(actor, key) and g.stop:
+                raise ConfigError(
+                    f"actor.{key}",
+                    "stop strings end sequences without EOS; they would all count as truncated",
+                )
         if (
             self.critic.enabled
             and actor.adv_norm is not None

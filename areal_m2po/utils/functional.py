@@ -181,7 +181,10 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
 
 
 def kl_estimate(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1"
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    estimator: str = "k1",
+    clamp: float | None = None,
 ) -> torch.Tensor:
     """Per-token KL estimators (Schulman's k1/k2/k3) of KL(p || ref) from samples of p.
 
@@ -191,6 +194,8 @@ def kl_estimate(
     Args:
         logprobs, ref_logprobs: float ``[B, T]`` (any equal shapes).
         estimator: "k1" | "k2" | "k3".
+        clamp: if set (> 0), each estimate is clamped to ``[-clamp, clamp]`` (AReaL's KL
+            reward uses 10).
     Returns:
         ``[B, T]`` tensor of the promoted float dtype.
     """
@@ -198,12 +203,19 @@ def kl_estimate(
     _check_tensor("ref_logprobs", ref_logprobs, floating=True)
     _check_same_shape("logprobs", logprobs, ref_logprobs=ref_logprobs)
     _check_choice("estimator", estimator, _KL_ESTIMATORS)
+    bound = None
+    if clamp is not None:
+        bound = _check_real("clamp", clamp)
+        if not bound > 0:
+            raise ValueError(f"clamp must be > 0, got {bound}")
     d = logprobs - ref_logprobs
     if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d * d
-    return torch.expm1(-d) + d
+        kl = d
+    elif estimator == "k2":
+        kl = 0.5 * d * d
+    else:
+        kl = torch.expm1(-d) + d
+    return kl if bound is None else kl.clamp(min=-bound, max=bound)
 
 
 def reward_transform(

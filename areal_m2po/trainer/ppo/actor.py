@@ -29,6 +29,9 @@ from areal_m2po.utils.data import Batch, select_rows
 
 logger = logging.getLogger("areal_m2po.actor")
 
+KL_CLAMP = 10.0
+"""Bound on each token's KL estimate in the KL reward penalty (AReaL's ``KLEstimator`` clamp)."""
+
 __all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
 
 
@@ -160,51 +163,72 @@ class PPOActor:
         normed = F.group_normalize(scores_all, **self._norm_kwargs(norm))
         return normed[offset : offset + scores.numel()]
 
-    def compute_advantages(self, batch: Batch) -> dict[str, float]:
-        """Fill ``batch["advantages"]`` (and ``batch["returns"]``), float32 [B, T].
-
-        Rewards are transformed (bias, scaling, clip, overlong penalty, reward_norm). Without a
-        critic and without a KL penalty (GRPO), ``adv_norm`` normalises the sequence scores (each
-        sequence counts once) and the score is every token's advantage. Otherwise token rewards
-        (KL penalty per token, the score on the last token) go through GAE with the critic's
-        values (zeros without a critic) and ``adv_norm`` normalises the token advantages.
-        """
+    def _sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each row's score [B] from its reward, in AReaL's order: overlong penalty on the raw
+        reward, then ``clip((r + bias) * scaling)``, then ``reward_norm``, then (with
+        ``mask_no_eos_with_zero``) 0 for truncated rows."""
         c = self.config
-        loss_mask = batch["loss_mask"]
-        if c.mask_no_eos_with_zero:
-            loss_mask = loss_mask & ~batch["no_eos"][:, None]
-            batch["loss_mask"] = loss_mask
         rewards = batch["rewards"].float()
         # over all ranks (dynamic filtering leaves ranks different numbers of rows)
         raw = dist.all_reduce_sum(
             torch.tensor([float(rewards.sum()), float(rewards.numel())], dtype=torch.float64)
         )
         stats: dict[str, float] = {"reward/raw_mean": float(raw[0] / raw[1]) if raw[1] else 0.0}
-        scores = F.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
         if c.overlong_reward_penalty:
             assert c.overlong_tokens is not None and c.overlong_penalty_factor is not None
-            scores = F.overlong_reward_penalty(
-                scores,
+            rewards = F.overlong_reward_penalty(
+                rewards,
                 batch["loss_mask"].sum(-1),
                 c.overlong_tokens,
                 c.overlong_penalty_factor,
                 self.max_new_tokens,
             )
+        scores = F.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
         if c.reward_norm is not None:
             scores = self._normalize_scores(scores, c.reward_norm)
+        if c.mask_no_eos_with_zero:
+            scores = torch.where(batch["no_eos"], torch.zeros_like(scores), scores)
+        return scores, stats
+
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        """Fill ``batch["advantages"]`` (and ``batch["returns"]``), float32 [B, T].
+
+        Rows get scores (:meth:`_sequence_scores`). Without a critic and without a KL penalty
+        (GRPO), ``adv_norm`` normalises the scores, each sequence counting once
+        (``adv_norm_weighting=sequence``) or each token (``token``, AReaL), and the score is
+        every token's advantage. Otherwise token rewards (KL penalty per token, the score on
+        the last token) go through GAE with the critic's values (zeros without a critic) and
+        ``adv_norm`` normalises the token advantages. ``overlong_filtering`` first takes the
+        truncated rows out of ``batch["loss_mask"]``.
+        """
+        c = self.config
+        scores, stats = self._sequence_scores(batch)
+        loss_mask = batch["loss_mask"]
+        if c.overlong_filtering:
+            loss_mask = loss_mask & ~batch["no_eos"][:, None]
+            batch["loss_mask"] = loss_mask
+        batch_sum = dist.all_reduce_sum if dist.is_distributed() else None
         token_level = "values" in batch or (c.kl_ctl > 0 and "ref_logp" in batch)
         mask_f = loss_mask.float()
         if not token_level:
-            if c.adv_norm is not None:
-                scores = self._normalize_scores(scores, c.adv_norm)
-            adv = scores[:, None] * mask_f
+            if c.adv_norm is not None and c.adv_norm_weighting == "token":
+                per_token = scores[:, None].expand_as(mask_f)
+                kwargs = self._norm_kwargs(c.adv_norm)
+                adv = F.masked_normalize(per_token, loss_mask, **kwargs, batch_sum=batch_sum)
+            else:
+                if c.adv_norm is not None:
+                    scores = self._normalize_scores(scores, c.adv_norm)
+                adv = scores[:, None] * mask_f
             batch["advantages"] = adv
             batch["returns"] = adv.clone()
             return stats
         token_rewards = torch.zeros_like(mask_f)
         if c.kl_ctl > 0 and "ref_logp" in batch:
             policy_logp = batch.get("prox_logp", batch["logprobs"])
-            kl = F.kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator) * mask_f
+            if c.kl_logp == "behave":
+                policy_logp = batch["logprobs"]
+            kl = F.kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP)
+            kl = kl * mask_f
             token_rewards = token_rewards - c.kl_ctl * kl
             kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
             stats["actor/kl_ref"] = float(kl_tot[0] / kl_tot[1].clamp(min=1))
@@ -214,12 +238,8 @@ class PPOActor:
         values = batch.get("values", torch.zeros_like(mask_f))
         adv, returns = F.gae_advantages(token_rewards, values, loss_mask, c.discount, c.gae_lambda)
         if c.adv_norm is not None:
-            adv = F.masked_normalize(
-                adv,
-                loss_mask,
-                **self._norm_kwargs(c.adv_norm),
-                batch_sum=dist.all_reduce_sum if dist.is_distributed() else None,
-            )
+            kwargs = self._norm_kwargs(c.adv_norm)
+            adv = F.masked_normalize(adv, loss_mask, **kwargs, batch_sum=batch_sum)
         batch["advantages"] = adv * mask_f
         batch["returns"] = returns * mask_f
         return stats
