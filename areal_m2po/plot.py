@@ -1,7 +1,16 @@
 """Plot a run's metrics: ``python -m areal_m2po.plot RUN_DIR [--out FILE.png]``.
 
-Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG with reward, held-out accuracy, M2PO masked
-fraction, clip fraction, KL and gradient norm against the training step.
+Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG of six panels against the training step:
+
+* the mean training reward and the held-out greedy accuracy (``eval/accuracy``);
+* M2PO: the mean m2 per token before and after masking (``m2po/m2_before``, ``m2po/m2_after``,
+  log scale) against the threshold (dashed line), with the masked-token fraction in the title:
+  the mask acts only when ``m2_before`` crosses the line;
+* the behaviour-vs-proximal KL, ``actor/behave_kl`` = mean(behave_logp - prox_logp) per token
+  in nats: how far the policy moved since it generated the batch, the drift M2PO watches;
+* the policy entropy per token (nats) and the mean generation length (tokens).
+
+A panel whose metrics the run did not log (M2PO off, no evaluation) says so.
 """
 
 from __future__ import annotations
@@ -10,14 +19,40 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: metric keys drawn as lines, and an optional metric drawn as a level."""
+
+    title: str
+    series: tuple[tuple[str, str], ...]  # (metrics.jsonl key, legend label)
+    ylabel: str = ""
+    level: str | None = None  # key whose last value is drawn as a dashed horizontal line
+    log_y: bool = False
+
 
 PANELS = (
-    ("reward/mean", "reward (mean)"),
-    ("eval/accuracy", "held-out greedy accuracy"),
-    ("m2po/masked_fraction", "M2PO masked fraction"),
-    ("actor/clip_fraction", "clip fraction"),
-    ("actor/kl", "KL"),
-    ("actor/grad_norm", "grad norm"),
+    Panel("reward (mean over samples)", (("reward/mean", "reward/mean"),)),
+    Panel("held-out greedy accuracy", (("eval/accuracy", "eval/accuracy"),)),
+    Panel(
+        "M2PO: mean m2 per token",
+        (("m2po/m2_before", "before masking"), ("m2po/m2_after", "after masking")),
+        ylabel="(behave_logp - prox_logp)^2",
+        level="m2po/threshold",
+        log_y=True,
+    ),
+    Panel(
+        "behaviour vs proximal KL",
+        (("actor/behave_kl", "actor/behave_kl"),),
+        ylabel="nats / token",
+    ),
+    Panel("policy entropy", (("actor/entropy", "actor/entropy"),), ylabel="nats / token"),
+    Panel(
+        "generation length", (("rollout/gen_len_mean", "rollout/gen_len_mean"),), ylabel="tokens"
+    ),
 )
 
 
@@ -36,29 +71,69 @@ def read_metrics(path: str) -> list[dict[str, float]]:
     return records
 
 
-def plot_run(run_dir: str, out: str | None = None) -> str:
-    """Write the PNG and return its path (default ``RUN_DIR/metrics.png``)."""
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """``(steps, values)`` of every record that logged ``key`` (null values skipped)."""
+    pts = [(float(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _masked_summary(records: list[dict[str, Any]]) -> str:
+    _, fractions = series(records, "m2po/masked_fraction")
+    if not fractions:
+        return ""
+    mean = 100 * sum(fractions) / len(fractions)
+    return f"\nmasked tokens: mean {mean:.1f}%, max {100 * max(fractions):.1f}% of a step"
+
+
+def _draw_panel(ax: Any, panel: Panel, records: list[dict[str, Any]]) -> None:
+    title = panel.title
+    drawn = False
+    for key, label in panel.series:
+        xs, ys = series(records, key)
+        if xs:
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
+            drawn = True
+    if panel.level is not None:
+        _, levels = series(records, panel.level)
+        if levels:
+            ax.axhline(levels[-1], ls="--", color="k", lw=1, label=f"threshold {levels[-1]:g}")
+            title += _masked_summary(records)
+    if not drawn:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    elif panel.log_y and any(y > 0 for line in ax.get_lines() for y in line.get_ydata()):
+        ax.set_yscale("log", nonpositive="mask")  # on-policy steps have m2 = 0 exactly
+    if drawn and len(ax.get_lines()) > 1:
+        ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    if panel.ylabel:
+        ax.set_ylabel(panel.ylabel, fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def build_figure(records: list[dict[str, Any]], title: str = "") -> Any:
+    """A matplotlib Figure with one axis per :data:`PANELS` entry, in that order."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), constrained_layout=True)
+    for ax, panel in zip(axes.flat, PANELS):
+        _draw_panel(ax, panel, records)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_run(run_dir: str, out: str | None = None) -> str:
+    """Write the PNG and return its path (default ``RUN_DIR/metrics.png``)."""
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(metrics_path):
         raise FileNotFoundError(f"{metrics_path} does not exist (is {run_dir} a run directory?)")
-    records = read_metrics(metrics_path)
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
-    for ax, (key, title) in zip(axes.flat, PANELS):
-        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(os.path.abspath(run_dir), fontsize=9)
+    fig = build_figure(read_metrics(metrics_path), os.path.abspath(run_dir))
+    import matplotlib.pyplot as plt
+
     out = out or os.path.join(run_dir, "metrics.png")
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -112,6 +112,78 @@ def test_staleness_is_exact(tmp_path, staleness):
         assert r["rollout/version_max"] == expected
 
 
+def _reference_logprobs(model_dir, batch, temperature):
+    """log softmax(logits / T) of each token under a plain forward of the saved model [B, T]."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    attn = batch["attention_mask"].long()
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=attn, position_ids=position_ids
+        ).logits.float()
+    logp = torch.log_softmax(logits[:, :-1] / temperature, -1)
+    ref = torch.zeros_like(batch["logprobs"])
+    ref[:, 1:] = logp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    return ref
+
+
+def test_behaviour_logprobs_are_a_forward_of_the_stamped_version(tmp_path):
+    """Stale batches carry the log-probs of the policy version they are stamped with.
+
+    The batch trained at each step is recorded (a subclass that wraps the step), the policy of
+    every version is saved (version v = the HF save after step v; version 0 = the initial
+    model), and each batch's behaviour log-probs must equal a plain forward pass of its
+    version's saved weights, and differ from the neighbouring versions'.
+    """
+    import torch
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+    from areal_m2po.trainer.rl_trainer import RLTrainer
+
+    keys = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+    trained = []
+
+    class RecordingTrainer(RLTrainer):
+        def _train_step(self, batch, info):
+            trained.append({k: batch[k].clone() for k in keys})
+            return super()._train_step(batch, info)
+
+    staleness, steps = 2, 5
+    cfg = tiny_config(tmp_path, steps=steps, staleness=staleness)
+    cfg.evaluator = EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False)
+    cfg.saver = SaverConfig(freq_steps=1, save_at_end=False)
+    trainer = RecordingTrainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    saved = {0: resolve_model_path("builtin:tiny")}
+    saved.update(
+        {v: os.path.join(cfg.output_dir, "checkpoints", f"step_{v}") for v in range(1, steps)}
+    )
+    assert len(trained) == steps
+    temperature = cfg.gconfig.temperature
+    other_gaps = []
+    for t, batch in enumerate(trained):
+        mask = batch["loss_mask"]
+        stamped = batch["versions"][mask].unique().tolist()
+        assert stamped == [max(t - staleness, 0)], (t, stamped)
+        version = stamped[0]
+        ref = _reference_logprobs(saved[version], batch, temperature)
+        gap = (ref - batch["logprobs"])[mask].abs().max().item()
+        assert gap < 1e-4, (t, version, gap)
+        for other in (version - 1, version + 1):
+            if other in saved:
+                wrong = _reference_logprobs(saved[other], batch, temperature)
+                other_gaps.append((wrong - batch["logprobs"])[mask].abs().max().item())
+    # the check can tell versions apart: a neighbouring version's weights do not fit
+    assert other_gaps and min(other_gaps) > 1e-3, other_gaps
+    assert torch.isfinite(torch.tensor(other_gaps)).all()
+
+
 def test_m2po_masks_stale_tokens_under_sapo(tmp_path):
     """Stale rollouts + a large learning rate drift the policy; M2PO must mask some tokens."""
     cfg = tiny_config(
@@ -190,19 +262,76 @@ def test_dynamic_filtering_and_failing_reward(tmp_path):
         assert r["rollout/filtered_group_fraction"] == 1.0
 
 
-def test_plot_command_writes_png(tmp_path):
-    from areal_m2po.plot import main as plot_main
+def _expected_points(records, key):
+    return [(r["step"], r[key]) for r in records if r.get(key) is not None]
+
+
+def _line_points(line):
+    return list(zip(line.get_xdata(), line.get_ydata()))
+
+
+def test_plot_draws_the_run_metrics(tmp_path):
+    """Every panel's lines are the run's metrics; M2PO is drawn against its threshold."""
+    from areal_m2po import plot
+
+    cfg = tiny_config(
+        tmp_path,
+        steps=4,
+        staleness=2,
+        use_sapo_loss=True,
+        m2_threshold=1e-4,
+        optimizer=OptimizerConfig(lr=3e-2),
+    )
+    cfg.saver = SaverConfig(save_at_end=False)
+    records = train(cfg)
+    out = tmp_path / "plot.png"
+    assert plot.main([cfg.output_dir, "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = plot.build_figure(plot.read_metrics(os.path.join(cfg.output_dir, "metrics.jsonl")))
+    axes = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}
+    wanted = {
+        "reward (mean over samples)": ["reward/mean"],
+        "held-out greedy accuracy": ["eval/accuracy"],
+        "M2PO: mean m2 per token": ["m2po/m2_before", "m2po/m2_after"],
+        "behaviour vs proximal KL": ["actor/behave_kl"],
+        "policy entropy": ["actor/entropy"],
+        "generation length": ["rollout/gen_len_mean"],
+    }
+    assert sorted(axes) == sorted(wanted)
+    for title, keys in wanted.items():
+        lines = axes[title].get_lines()
+        data = [_line_points(line) for line in lines[: len(keys)]]
+        assert data == [_expected_points(records, k) for k in keys], title
+        assert all(len(d) >= 2 for d in data), title  # not one point, not empty
+    m2po_ax = axes["M2PO: mean m2 per token"]
+    threshold = m2po_ax.get_lines()[2]
+    assert list(threshold.get_ydata()) == [1e-4, 1e-4]
+    assert m2po_ax.get_yscale() == "log"
+    masked = [r["m2po/masked_fraction"] for r in records if "m2po/masked_fraction" in r]
+    assert max(masked) > 0  # the panel shows the mask firing, not a flat zero
+    assert f"max {100 * max(masked):.1f}%" in m2po_ax.get_title()
+    assert f"mean {100 * sum(masked) / len(masked):.1f}%" in m2po_ax.get_title()
+
+
+def test_plot_without_m2po_and_bad_input(tmp_path, capsys):
+    from areal_m2po import plot
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    with open(run_dir / "metrics.jsonl", "w") as fh:
-        fh.write(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")
-        for s in range(1, 4):
-            fh.write(json.dumps({"step": s, "reward/mean": 0.1 * s, "actor/grad_norm": 1.0}) + "\n")
-    out = tmp_path / "plot.png"
-    assert plot_main([str(run_dir), "--out", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plot_main([str(tmp_path / "missing")]) == 2
+    rows = [{"step": 0, "eval/accuracy": 0.2}]
+    rows += [{"step": s, "reward/mean": 0.1 * s, "actor/entropy": 1.0 / s} for s in (1, 2, 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = plot.build_figure(plot.read_metrics(str(run_dir / "metrics.jsonl")))
+    axes = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}
+    m2po_ax = axes["M2PO: mean m2 per token"]
+    assert m2po_ax.get_lines() == [] and m2po_ax.texts[0].get_text() == "not logged"
+    assert _line_points(axes["policy entropy"].get_lines()[0]) == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
+    assert plot.main([str(run_dir)]) == 0
+    assert (run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot.main([str(tmp_path / "missing")]) == 2
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": \n')
+    assert plot.main([str(run_dir)]) == 2
+    assert "metrics.jsonl:2: invalid JSON" in capsys.readouterr().err
 
 
 def test_bad_dataset_line_is_one_error_line_before_training(tmp_path, capsys):
