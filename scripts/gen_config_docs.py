@@ -21,11 +21,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from areal_m2po.api.cli_args import PPOConfig
+from areal_m2po.api.cli_args import PPOConfig, RWConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN = "<!-- BEGIN GENERATED REFERENCE (scripts/gen_config_docs.py) -->"
 END = "<!-- END GENERATED REFERENCE -->"
+RW_BEGIN = "<!-- BEGIN GENERATED RW REFERENCE (scripts/gen_config_docs.py) -->"
+RW_END = "<!-- END GENERATED RW REFERENCE -->"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +94,9 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def _section_tables(cls: type, values: Any, prefix: str, lines: list[str]) -> None:
+def _section_tables(
+    cls: type, values: Any, prefix: str, lines: list[str], level: str = "###"
+) -> None:
     """The table of ``cls``'s leaf fields under ``prefix``, then its sub-sections, recursively.
 
     ``values`` is the effective instance in a default run (``None`` for an optional section
@@ -125,7 +129,7 @@ def _section_tables(cls: type, values: Any, prefix: str, lines: list[str]) -> No
         lines += rows
         lines.append("")
     for key, section_cls, value, f in sections:
-        lines.append(f"### `{key}`")
+        lines.append(f"{level} `{key}`")
         lines.append("")
         lines.append(f"{_cell(f.metadata.get('help', ''))} {_doc_summary(section_cls)}".strip())
         lines.append("")
@@ -137,7 +141,7 @@ def _section_tables(cls: type, values: Any, prefix: str, lines: list[str]) -> No
             )
             value = section_cls()
         lines.append("")
-        _section_tables(section_cls, value, key + ".", lines)
+        _section_tables(section_cls, value, key + ".", lines, level)
 
 
 def _section_class(annotation: Any) -> type | None:
@@ -152,34 +156,49 @@ def _section_class(annotation: Any) -> type | None:
 
 
 def render_reference(cls: type = PPOConfig) -> str:
-    """The generated reference (the text between the markers, markers excluded)."""
+    """The generated reference (the text between the markers, markers excluded).
+
+    ``PPOConfig`` (``python -m areal_m2po.train``) or ``RWConfig`` (``python -m
+    areal_m2po.train_rm``, rendered one heading level down).
+    """
     defaults = {f.name: _field_default(f) for f in dataclasses.fields(cls)}
     root = cls(**defaults)
     # __post_init__ derives output_dir; document the declared default (null = derived)
     root.output_dir = defaults.get("output_dir", root.output_dir)  # type: ignore[attr-defined]
-    lines = [
-        "",
-        "Generated from the field metadata in `areal_m2po/api/cli_args.py`; do not edit by",
-        "hand. Defaults are those of a run without `--config` (the built-in demo); where the",
-        "dataclass built alone in Python has another default, it is given in parentheses.",
-        "",
-        "### top level",
-        "",
-        f"{_doc_summary(cls)} Dataclass: `{cls.__name__}`.",
-        "",
-    ]
-    _section_tables(cls, root, "", lines)
+    if cls is PPOConfig:
+        level = "###"
+        lines = [
+            "",
+            "Generated from the field metadata in `areal_m2po/api/cli_args.py`; do not edit by",
+            "hand. Defaults are those of a run without `--config` (the built-in demo); where the",
+            "dataclass built alone in Python has another default, it is given in parentheses.",
+            "",
+            "### top level",
+            "",
+        ]
+    else:
+        level = "####"
+        lines = [
+            "",
+            "Generated from the field metadata in `areal_m2po/api/cli_args.py`; do not edit by",
+            "hand.",
+            "",
+            "#### top level (train_rm)",
+            "",
+        ]
+    lines += [f"{_doc_summary(cls)} Dataclass: `{cls.__name__}`.", ""]
+    _section_tables(cls, root, "", lines, level)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def splice(document: str, reference: str) -> str:
+def splice(document: str, reference: str, begin: str = BEGIN, end: str = END) -> str:
     """``document`` with the text between the markers replaced by ``reference``."""
     try:
-        head, rest = document.split(BEGIN + "\n", 1)
-        _old, tail = rest.split(END, 1)
+        head, rest = document.split(begin + "\n", 1)
+        _old, tail = rest.split(end, 1)
     except ValueError:
-        raise SystemExit(f"{DOC}: the marker lines {BEGIN!r} / {END!r} are missing") from None
-    return f"{head}{BEGIN}\n{reference}{END}{tail}"
+        raise SystemExit(f"{DOC}: the marker lines {begin!r} / {end!r} are missing") from None
+    return f"{head}{begin}\n{reference}{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     current = args.path.read_text(encoding="utf-8")
     updated = splice(current, render_reference())
+    if RW_BEGIN in updated:
+        updated = splice(updated, render_reference(RWConfig), RW_BEGIN, RW_END)
     if args.check:
         if updated != current:
             print(f"{args.path} is out of date: run python scripts/gen_config_docs.py")

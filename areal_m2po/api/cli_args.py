@@ -32,7 +32,11 @@ __all__ = [
     "GenerationConfig",
     "RolloutConfig",
     "DatasetConfig",
+    "RewardModelConfig",
     "RewardConfig",
+    "RWModelConfig",
+    "PreferenceDatasetConfig",
+    "RWConfig",
     "SaverConfig",
     "RecoverConfig",
     "EvaluatorConfig",
@@ -686,6 +690,60 @@ def _valid_dataset_default() -> DatasetConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """A learned (Bradley-Terry) reward model scoring prompt + completion, as saved by
+    ``python -m areal_m2po.train_rm``. Each rank scores its own samples in batches; the reward
+    is ``weight * normalised score + verifiable_weight * verifiable reward``."""
+
+    path: str | None = _field(
+        None,
+        "The reward model: a directory saved by train_rm (AutoModelForSequenceClassification "
+        "with one label, tokenizer alongside). Required when this section is on.",
+    )
+    tokenizer_path: str | None = _field(None, "Tokenizer of the reward model (null: path).")
+    dtype: str = _field("float32", "Reward model parameter dtype.", choices=DTYPES)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
+    )
+    device: str | None = _field(
+        None, "Device of the reward model, e.g. 'cuda:1' (null: the trainer's device)."
+    )
+    batch_size: int = _field(32, "Sequences per reward-model forward pass.")
+    use_chat_template: bool = _field(
+        True,
+        "Render prompt and completion as a user and an assistant turn with the reward model's "
+        "chat template, as train_rm does (must match how the model was trained).",
+    )
+    norm: str | None = _field(
+        None,
+        "Normalise the scores before weighting: 'batch' (mean/std of this step's scores over "
+        "all ranks), 'running' (mean/std of every score seen so far, this step's included; "
+        "saved in recover checkpoints), or null (raw scores).",
+        choices=("batch", "running", None),
+    )
+    norm_eps: float = _field(1e-5, "Added to the std before dividing.")
+    weight: float = _field(1.0, "Weight of the (normalised) reward-model score.")
+    verifiable_weight: float = _field(
+        0.0,
+        "Weight of the verifiable reward (reward.path) added to it; 0 trains on the learned "
+        "reward alone (the verifiable one is still computed and logged as reward/verifiable).",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_str("path", self.path, optional=True)
+        _check_str("tokenizer_path", self.tokenizer_path, optional=True)
+        _check_str("device", self.device, optional=True)
+        _check_number("batch_size", self.batch_size, ge=1, integer=True)
+        _check_bool("use_chat_template", self.use_chat_template)
+        _check_number("norm_eps", self.norm_eps, ge=0)
+        _check_number("weight", self.weight)
+        _check_number("verifiable_weight", self.verifiable_weight)
+        if self.weight == 0 and self.verifiable_weight == 0:
+            raise ConfigError("weight", "weight and verifiable_weight are both 0: no reward")
+
+
+@dataclass
 class RewardConfig:
     """The reward function."""
 
@@ -695,6 +753,10 @@ class RewardConfig:
     )
     timeout_s: float = _field(10.0, "A call running longer gets reward 0 (counted).")
     max_workers: int = _field(4, "Threads scoring samples in parallel.")
+    model: RewardModelConfig | None = _field(
+        None,
+        "A learned reward model as the reward source (null: the verifiable reward alone).",
+    )
 
     def __post_init__(self) -> None:
         _check_str("path", self.path)
@@ -702,6 +764,10 @@ class RewardConfig:
             raise ConfigError("path", f"must be 'module:function', got {self.path!r}")
         _check_number("timeout_s", self.timeout_s, gt=0)
         _check_number("max_workers", self.max_workers, ge=1, integer=True)
+        if self.model is not None:
+            _validate_section(self, "model", RewardModelConfig)
+            if not self.model.path:
+                raise ConfigError("model.path", "must be set when reward.model is on")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -952,6 +1018,160 @@ class PPOConfig:
                 "actor.adv_norm.mean_level",
                 "'group' centring discards the critic's baseline; use 'batch' or null with "
                 "critic.enabled=true",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# reward-model training (python -m areal_m2po.train_rm)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RWModelConfig:
+    """The reward model being trained: ``AutoModelForSequenceClassification`` with one label
+    built from a causal LM (a fresh scalar head on its body), scoring the last real token."""
+
+    path: str = _field(
+        "builtin:smollm2-135m-instruct",
+        "Causal LM (or sequence-classification model) to start from: a local directory, hub "
+        "id, 'builtin:smollm2-135m-instruct' or 'builtin:tiny'.",
+    )
+    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
+    )
+    gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+    optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
+    micro_batch_size: int | None = _field(
+        None,
+        "Pairs per forward/backward on each rank (gradient accumulation); null: the rank's "
+        "whole share of the batch at once.",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_str("path", self.path)
+        if not self.path:
+            raise ConfigError("path", "must not be empty")
+        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        _validate_section(self, "optimizer", OptimizerConfig)
+        _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
+
+
+@dataclass
+class PreferenceDatasetConfig:
+    """Preference pairs: records with string fields ``prompt``, ``chosen``, ``rejected`` (and an
+    optional number ``margin``, TRL's column)."""
+
+    path: str | None = _field(
+        None,
+        "A local .jsonl/.json/.parquet file or a `datasets` directory (required for "
+        "train_dataset).",
+    )
+    split: str = _field("train", "Split to load (`datasets` directories).")
+    batch_size: int = _field(16, "Pairs per optimizer step (global, across ranks).")
+    shuffle: bool = _field(True, "Shuffle every epoch (seeded).")
+    max_samples: int | None = _field(None, "Use at most the first this many pairs (null: all).")
+    use_chat_template: bool = _field(
+        True,
+        "Render prompt and completion as a user and an assistant turn with the tokenizer's chat "
+        "template (PPO's reward.model.use_chat_template must match).",
+    )
+    drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
+
+    def __post_init__(self) -> None:
+        _check_str("path", self.path, optional=True)
+        if self.path == "":
+            raise ConfigError("path", "must not be empty")
+        _check_str("split", self.split)
+        _check_number("batch_size", self.batch_size, ge=1, integer=True)
+        _check_bool("shuffle", self.shuffle)
+        _check_number("max_samples", self.max_samples, ge=1, integer=True, optional=True)
+        _check_bool("use_chat_template", self.use_chat_template)
+        _check_bool("drop_last", self.drop_last)
+
+
+@dataclass
+class RWConfig:
+    """Reward-model training (``python -m areal_m2po.train_rm``): a Bradley-Terry reward model
+    learned from preference pairs. Names follow TRL's RewardTrainer (max_length,
+    center_rewards_coefficient) and AReaL's RW trainer."""
+
+    experiment_name: str = _field("rw", "Experiment name.")
+    trial_name: str = _field("trial0", "Trial name.")
+    seed: int = _field(1, "Global seed (data order, score-head initialisation).")
+    output_dir: str | None = _field(
+        None,
+        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format reward "
+        "model) (null: outputs/<experiment_name>/<trial_name>).",
+    )
+    total_train_epochs: int = _field(1, "Epochs over the training pairs.")
+    total_train_steps: int | None = _field(
+        None, "Stop after this many optimizer steps (null: run all epochs)."
+    )
+    num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
+    tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
+    max_length: int = _field(
+        1024,
+        "Longest prompt + completion in tokens; a longer pair is an error naming its file and "
+        "line (never cut).",
+    )
+    center_rewards_coefficient: float | None = _field(
+        None,
+        "Weight of mean((r_chosen + r_rejected)^2) added to the loss to keep rewards centred "
+        "(TRL's; null: off).",
+    )
+    model: RWModelConfig = _section(RWModelConfig, "The reward model and its optimizer.")
+    train_dataset: PreferenceDatasetConfig = _section(
+        PreferenceDatasetConfig, "Training preference pairs."
+    )
+    valid_dataset: PreferenceDatasetConfig | None = _field(
+        None, "Held-out pairs for eval/accuracy (null: no evaluation)."
+    )
+    evaluator: EvaluatorConfig = _section(EvaluatorConfig, "Held-out evaluation.")
+    saver: SaverConfig = _section(SaverConfig, "HF-format reward-model saves.")
+    stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
+
+    def __post_init__(self) -> None:
+        for name in ("experiment_name", "trial_name"):
+            _check_str(name, getattr(self, name))
+            if not getattr(self, name):
+                raise ConfigError(name, "must not be empty")
+        _check_number("seed", self.seed, ge=0, integer=True)
+        _check_str("output_dir", self.output_dir, optional=True)
+        if self.output_dir == "":
+            raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
+        if self.output_dir is None:
+            self.output_dir = f"outputs/{self.experiment_name}/{self.trial_name}"
+        _check_number("total_train_epochs", self.total_train_epochs, ge=1, integer=True)
+        _check_number(
+            "total_train_steps", self.total_train_steps, ge=1, integer=True, optional=True
+        )
+        _check_number("num_threads", self.num_threads, ge=1, integer=True, optional=True)
+        _check_str("tokenizer_path", self.tokenizer_path, optional=True)
+        _check_number("max_length", self.max_length, ge=1, integer=True)
+        _check_number(
+            "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
+        )
+        for name, cls in (
+            ("model", RWModelConfig),
+            ("train_dataset", PreferenceDatasetConfig),
+            ("evaluator", EvaluatorConfig),
+            ("saver", SaverConfig),
+            ("stats_logger", StatsLoggerConfig),
+        ):
+            _validate_section(self, name, cls)
+        if self.valid_dataset is not None:
+            _validate_section(self, "valid_dataset", PreferenceDatasetConfig)
+            if self.valid_dataset.path is None:
+                raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
+
+    def check_required(self) -> None:
+        """Fields that have no usable default; checked when a run starts (so ``RWConfig()``
+        and ``--help`` work without them)."""
+        if self.train_dataset.path is None:
+            raise ConfigError(
+                "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
             )
 
 

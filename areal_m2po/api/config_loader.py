@@ -574,11 +574,15 @@ def _help_lines(cls: type, tree: Any, prefix: str, wrap: textwrap.TextWrapper) -
     return lines
 
 
-def format_help(cls: type = PPOConfig) -> str:
-    """The ``--help`` text: every field by section with its type, effective default and help."""
+def format_help(cls: type = PPOConfig, usage: str | None = None) -> str:
+    """The ``--help`` text: every field by section with its type, effective default and help.
+
+    ``usage`` replaces the head (the usage line and options) of ``python -m areal_m2po.train``.
+    """
     wrap = textwrap.TextWrapper(width=100, initial_indent="      ", subsequent_indent="      ")
     body = _help_lines(cls, _defaults(cls), "", wrap)
-    return f"{_USAGE}\n[top level] {cls.__name__}\n" + "\n".join(body) + "\n"
+    head = _USAGE if usage is None else usage
+    return f"{head}\n[top level] {cls.__name__}\n" + "\n".join(body) + "\n"
 
 
 def _one_line(exc: BaseException) -> str:

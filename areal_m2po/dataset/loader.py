@@ -16,7 +16,7 @@ from typing import Any
 
 from areal_m2po.dataset.arithmetic import make_arithmetic_split
 
-__all__ = ["PromptLoader", "build_prompts", "load_records"]
+__all__ = ["PromptLoader", "build_prompts", "load_records", "read_rows"]
 
 logger = logging.getLogger("areal_m2po.dataset")
 
@@ -98,6 +98,28 @@ def _read_hub(path: str, split: str, config_name: str | None) -> list[tuple[str,
     return [(f"dataset {path!r} row {i}", row) for i, row in enumerate(dataset)]
 
 
+def read_rows(
+    path: str, split: str = "train", config_name: str | None = None
+) -> list[tuple[str, Any]]:
+    """``(location, row)`` for every row of a local ``.jsonl``/``.json``/``.parquet`` file or a
+    ``datasets`` directory / Hub name; ``location`` names the file and line (``data.jsonl:7``),
+    item or row for error messages.
+
+    Raises:
+        ValueError: the file does not exist, or a line is not valid JSON (naming file and line).
+    """
+    lowered = path.lower()
+    if not lowered.endswith(_FILE_SUFFIXES):
+        return _read_hub(path, split, config_name)
+    if not os.path.isfile(path):
+        raise ValueError(f"dataset file {path!r} does not exist")
+    if lowered.endswith(".jsonl"):
+        return _read_jsonl(path)
+    if lowered.endswith(".json"):
+        return _read_json(path)
+    return _read_parquet(path)
+
+
 def load_records(
     path: str,
     split: str = "train",
@@ -126,19 +148,7 @@ def load_records(
             raise ValueError(f"unknown built-in dataset {path!r}; known: builtin:arithmetic")
         return [dict(r) for r in make_arithmetic_split(split, n=max_samples, seed=seed)]  # type: ignore[arg-type]
 
-    lowered = path.lower()
-    if lowered.endswith(_FILE_SUFFIXES):
-        if not os.path.isfile(path):
-            raise ValueError(f"dataset file {path!r} does not exist")
-        if lowered.endswith(".jsonl"):
-            rows = _read_jsonl(path)
-        elif lowered.endswith(".json"):
-            rows = _read_json(path)
-        else:
-            rows = _read_parquet(path)
-    else:
-        rows = _read_hub(path, split, config_name)
-
+    rows = read_rows(path, split, config_name)
     if max_samples is not None:
         rows = rows[:max_samples]
     records = [_rename(row, prompt_field, answer_field, where) for where, row in rows]

@@ -205,6 +205,11 @@ class RLTrainer:
                 forward_fn=forward_values,
             )
             self.critic = PPOCritic(critic_cfg, engine)
+        self.learned_reward = None
+        if cfg.reward.model is not None:
+            from areal_m2po.reward.reward_model import LearnedReward
+
+            self.learned_reward = LearnedReward(cfg.reward.model, self.accelerator.device)
 
     # -- rollout ------------------------------------------------------------------------------
 
@@ -233,6 +238,11 @@ class RLTrainer:
             [r["answer"] for r in expanded],
         )
         batch["rewards"] = torch.tensor(rewards, dtype=torch.float32)
+        if self.learned_reward is not None:  # the learned reward replaces or joins it
+            batch["rewards"], rm_stats = self.learned_reward.rewards(
+                [r["question"] for r in expanded], completions, batch["rewards"]
+            )
+            reward_stats = {**reward_stats, **rm_stats}
         info = {
             "timing/gen_s": t_gen,
             "timing/reward_s": time.perf_counter() - t0 - t_gen,

@@ -4,7 +4,8 @@ A checkpoint is a directory ``<output_dir>/recover/step_<N>/`` written after ste
 metrics already in ``metrics.jsonl``)::
 
     meta.json     format, step, world size, file list, the config items that must not change
-    trainer.pt    step, rollout count (it seeds sampling), PromptLoader position, fault counters
+    trainer.pt    step, rollout count (it seeds sampling), PromptLoader position, fault counters,
+                  the learned reward's running normaliser (reward.model.norm=running)
     actor.pt      policy weights, optimizer, LR scheduler, version (HFTrainEngine.training_state)
     critic.pt     the same for the critic (only with critic.enabled)
     rollout.pt    behaviour-policy version, and its weights when they differ from the policy's
@@ -233,6 +234,11 @@ def save_checkpoint(trainer: RLTrainer) -> str:
                     "consecutive_skipped": getattr(trainer, "consecutive_skipped", 0),
                     "actor_high_mask_streak": trainer.actor._high_mask_streak,
                     "actor_warned_no_m2po": trainer.actor._warned_no_m2po,
+                    **(
+                        {"learned_reward": trainer.learned_reward.state_dict()}
+                        if getattr(trainer, "learned_reward", None) is not None
+                        else {}
+                    ),
                 },
                 "actor.pt": actor_state,
                 **({"critic.pt": critic_state} if critic_state is not None else {}),
@@ -354,6 +360,9 @@ def load_checkpoint(trainer: RLTrainer, path: str) -> None:
         trainer.consecutive_skipped = int(state.get("consecutive_skipped", 0))
         trainer.actor._high_mask_streak = int(state.get("actor_high_mask_streak", 0))
         trainer.actor._warned_no_m2po = bool(state.get("actor_warned_no_m2po", False))
+        learned = getattr(trainer, "learned_reward", None)
+        if learned is not None and "learned_reward" in state:  # its running normaliser
+            learned.load_state_dict(state["learned_reward"])
 
     def load_rollout(state: dict[str, Any]) -> None:
         weights = state["weights"]

@@ -21,6 +21,9 @@ logger = logging.getLogger("areal_m2po.stats")
 _CONSOLE_FIELDS = (
     ("reward/mean", "reward", "{:.3f}"),
     ("eval/accuracy", "eval_acc", "{:.3f}"),
+    ("train/loss", "rm_loss", "{:.4f}"),
+    ("train/accuracy", "rm_acc", "{:.3f}"),
+    ("reward/model_score", "rm_score", "{:+.3f}"),
     ("actor/loss", "loss", "{:+.4f}"),
     ("actor/grad_norm", "gnorm", "{:.3f}"),
     ("actor/clip_fraction", "clip", "{:.3f}"),

@@ -1,0 +1,145 @@
+"""Preference pairs for reward-model training: load, check, render and tokenize them.
+
+A record holds ``prompt``, ``chosen`` and ``rejected`` strings (TRL's explicit-prompt standard
+preference format) and optionally ``margin``, a number: the reward gap the pair should have
+(TRL's ``margin`` column). Sources are those of prompt datasets
+(:func:`areal_m2po.dataset.loader.read_rows`): a local ``.jsonl``/``.json``/``.parquet`` file or
+a ``datasets`` directory.
+
+The text a reward model scores is rendered by :func:`reward_model_text`, once for training here
+and once for scoring rollouts in PPO (:mod:`areal_m2po.reward.reward_model`), so both see the
+same layout: with a chat template, the user turn (the prompt) and the assistant turn (the
+completion); without one, prompt and completion concatenated.
+
+Every problem is raised as a ``ValueError`` whose message is one line naming the file and line
+(or item/row) of the culprit, before any model loads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from areal_m2po.dataset.loader import _as_id_list, _has_chat_template, read_rows
+
+__all__ = [
+    "PREFERENCE_FIELDS",
+    "encode_reward_model_text",
+    "load_preference_records",
+    "reward_model_text",
+    "tokenize_preference_pairs",
+]
+
+PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+"""The fields a preference record must have (all strings; ``chosen``/``rejected`` non-empty)."""
+
+
+def _check_record(raw: Any, where: str) -> dict[str, Any]:
+    """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    record: dict[str, Any] = {}
+    for name in PREFERENCE_FIELDS:
+        if name not in raw:
+            raise ValueError(f"{where}: missing field {name!r} (a pair needs {PREFERENCE_FIELDS})")
+        value = raw[name]
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{where}: field {name!r} must be a string, got {type(value).__name__}"
+            )
+        if name != "prompt" and not value.strip():
+            raise ValueError(f"{where}: field {name!r} is empty")
+        record[name] = value
+    if raw.get("margin") is not None:
+        margin = raw["margin"]
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+            raise ValueError(f"{where}: field 'margin' must be a number, got {margin!r}")
+        if not math.isfinite(float(margin)):
+            raise ValueError(f"{where}: field 'margin' must be finite, got {margin!r}")
+        record["margin"] = float(margin)
+    if record["chosen"] == record["rejected"]:
+        raise ValueError(f"{where}: 'chosen' and 'rejected' are the same text")
+    record["where"] = where
+    return record
+
+
+def load_preference_records(
+    path: str,
+    split: str = "train",
+    max_samples: int | None = None,
+    config_name: str | None = None,
+) -> list[dict[str, Any]]:
+    """Validated preference records, in file order; each keeps its ``where`` (``file:line``).
+
+    ``max_samples`` keeps the first records. Raises ``ValueError`` (one line, naming file and
+    line) for an unreadable source, a missing or non-string field, an empty ``chosen`` or
+    ``rejected``, identical ``chosen`` and ``rejected``, a bad ``margin``, or no records.
+    """
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
+    rows = read_rows(path, split, config_name)
+    if max_samples is not None:
+        rows = rows[:max_samples]
+    records = [_check_record(row, where) for where, row in rows]
+    if not records:
+        raise ValueError(f"preference dataset {path!r} (split {split!r}) has no records")
+    return records
+
+
+def reward_model_text(
+    tokenizer: Any, prompt: str, completion: str, use_chat_template: bool = True
+) -> tuple[str, bool]:
+    """The text a reward model scores for ``prompt`` + ``completion``.
+
+    Returns ``(text, add_special_tokens)``: with a chat template (and ``use_chat_template``) the
+    rendered user + assistant turns, which already carry their special tokens (so
+    ``add_special_tokens`` is False); otherwise ``prompt + completion`` encoded with the
+    tokenizer's usual special tokens, as prompts without a template are.
+    """
+    if use_chat_template and _has_chat_template(tokenizer):
+        messages = [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": completion},
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        return str(text), False
+    return prompt + completion, True
+
+
+def encode_reward_model_text(
+    tokenizer: Any, prompt: str, completion: str, use_chat_template: bool = True
+) -> list[int]:
+    """Token ids of :func:`reward_model_text`."""
+    text, special = reward_model_text(tokenizer, prompt, completion, use_chat_template)
+    return _as_id_list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def tokenize_preference_pairs(
+    records: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    max_length: int,
+    use_chat_template: bool = True,
+) -> list[dict[str, Any]]:
+    """Add ``chosen_ids`` and ``rejected_ids`` (token id lists) to copies of ``records``.
+
+    Raises ``ValueError`` naming the record's file and line when the chosen or the rejected
+    text is longer than ``max_length`` tokens (TRL's ``max_length``): a pair is never cut.
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    out: list[dict[str, Any]] = []
+    for record in records:
+        pair = dict(record)
+        for name in ("chosen", "rejected"):
+            ids = encode_reward_model_text(
+                tokenizer, record["prompt"], record[name], use_chat_template
+            )
+            if len(ids) > max_length:
+                raise ValueError(
+                    f"{record.get('where', 'record')}: prompt + {name} is {len(ids)} tokens, "
+                    f"longer than max_length={max_length}"
+                )
+            pair[f"{name}_ids"] = ids
+        out.append(pair)
+    return out
