@@ -119,9 +119,42 @@ def main(out_path: str) -> None:
         uneven_actor = actor_mod.PPOActor(uneven_cfg, engine, GROUP, COMPLETION_MAX)
         rows = torch.arange(GROUP * (2 if rank == 0 else 1))
         result["uneven_stats"] = uneven_actor.ppo_update(select_rows(batch, rows))
+        result.update(empty_rank_updates(actor, batch, rank))
     if rank == 0:
         torch.save(result, out_path)
     accelerator.wait_for_everyone()
+
+
+def _without_tokens(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every row truncated away (no loss-mask token, zero advantages)."""
+    out = dict(batch)
+    out["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+    out["advantages"] = torch.zeros_like(batch["advantages"])
+    return out
+
+
+def empty_rank_updates(actor, batch: dict[str, torch.Tensor], rank: int) -> dict[str, object]:
+    """Two updates: rank 1 alone has no loss-mask token, then no rank has one.
+
+    A rank with nothing to score must still run the same forward/backward passes (DDP's
+    gradient hooks) and take, or skip, the same optimizer step as the others. Returns both
+    updates' stats and, per rank, a checksum of the weights after each update.
+    """
+    from areal_m2po.utils import dist
+
+    def checksum() -> float:
+        return float(sum(p.double().sum() for p in actor.engine.unwrapped.parameters()))
+
+    out: dict[str, object] = {}
+    one_empty = _without_tokens(batch) if rank == 1 else batch
+    out["one_empty_stats"] = actor.ppo_update(one_empty)
+    after_one = checksum()
+    out["all_empty_stats"] = actor.ppo_update(_without_tokens(batch))
+    sums = [after_one, checksum()]
+    gathered: list[list[float] | None] = [None] * dist.world_size()
+    torch.distributed.all_gather_object(gathered, sums)
+    out["empty_checksums"] = gathered
+    return out
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Several processes on this CPU through ``accelerate launch --multi_gpu`` (gloo).
 
 * One PPO update of the tiny model on the same fixed global batch gives the same loss, grad
-  norm, global M2PO mask and updated weights with 1 and with 2 processes.
+  norm, global M2PO mask and updated weights with 1 and with 2 processes; with 2 processes, a
+  rank without any loss-mask token still takes the step with the other (no hang), and a step
+  with no such token on any rank is an empty step on both.
 * A 2-process training run writes one metrics.jsonl (rank 0 only) without duplicate steps and
   recover checkpoints holding both ranks' state; (slow) rerunning it continues bitwise.
 """
@@ -112,6 +114,16 @@ def test_one_update_equal_with_one_and_two_processes(tmp_path):
     assert math.isfinite(b["uneven_stats"]["actor/grad_norm"])
     moved = max(float((w - a["initial"][name]).abs().max()) for name, w in a["state"].items())
     assert moved > 1e-4  # the update changed the weights
+    # rank 1 without a loss-mask token: the step is taken (no hang), then no rank has one: the
+    # step is empty on every rank; the ranks' weights stay equal throughout
+    one, none = b["one_empty_stats"], b["all_empty_stats"]
+    assert one["actor/empty_steps"] == 0 and one["actor/skipped_steps"] == 0
+    assert one["actor/grad_norm"] > 0
+    assert none["actor/empty_steps"] == 1 and none["actor/skipped_steps"] == 0
+    assert none["actor/grad_norm"] == 0
+    (one_0, none_0), (one_1, none_1) = b["empty_checksums"]
+    assert one_0 == one_1 and none_0 == none_1
+    assert none_0 == one_0  # the empty step left the weights unchanged
 
 
 def _train_cmd(out: Path, steps: int, *extra: str) -> list[str]:

@@ -30,7 +30,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, Batch], tuple[torch.Tensor, dict[
 micro-batch normalised by that micro-batch's own weight (e.g. a token mean)."""
 ForwardFn = Callable[[torch.nn.Module, Batch, float, bool], tuple[torch.Tensor, torch.Tensor]]
 """``forward_fn(model, micro_batch, temperature, compute_entropy) -> (per-token values [b, T],
-auxiliary [b, T])``: log-probs and entropies for a policy, values and zeros for a critic."""
+auxiliary [b, T])``: log-probs and entropies for a policy, values and zeros for a critic. With
+gradients enabled the values depend on the model's parameters through a forward pass even when
+the micro-batch has nothing to score (see :func:`zero_through_model`)."""
 WeightFn = Callable[[Batch], float]
 """``loss_weight_fn(micro_batch) -> weight`` (e.g. its number of valid tokens)."""
 
@@ -76,6 +78,27 @@ def token_logprobs(
     )
 
 
+def zero_through_model(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
+    """A float32 0-dim zero that depends on every parameter through one forward pass.
+
+    For a micro-batch with no ``loss_mask`` token: its loss has no gradient, but a backward pass
+    must still reach every parameter, so that every rank runs the same backward (DDP's
+    gradient hooks) and the optimizer sees zero gradients rather than none. Runs the model on
+    the row of ``mb`` with the most real tokens, keeping the logits of its last column only.
+    """
+    row = int(mb["attention_mask"].sum(-1).argmax())
+    one = trim_columns({k: mb[k][row : row + 1] for k in ("input_ids", "attention_mask")})[0]
+    attn = one["attention_mask"].long()
+    out = model(
+        input_ids=one["input_ids"],
+        attention_mask=attn,
+        position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+        logits_to_keep=1,
+        use_cache=False,
+    )
+    return out.logits.float().sum() * 0.0
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     mb: Batch,
@@ -99,6 +122,8 @@ def forward_logprobs(
     logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
     if start >= t or start == 0:
+        if torch.is_grad_enabled():
+            logp_full = logp_full + zero_through_model(model, mb)
         return logp_full, ent_full
     position_ids = (attn.long().cumsum(-1) - 1).clamp(min=0)
     keep = t - start + 1  # hidden states at columns start-1 .. t-1
@@ -159,6 +184,8 @@ def forward_logprobs_packed(
     logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=device)
     if layout.labels.numel() == 0:
+        if torch.is_grad_enabled():
+            logp_full = logp_full + zero_through_model(model, mb)
         return logp_full, ent_full
     extra: dict[str, Any] = {}
     if flash:
@@ -186,6 +213,22 @@ def forward_logprobs_packed(
     if compute_entropy:
         ent_full[rows, cols] = ent.float()
     return logp_full, ent_full
+
+
+def _with_graph(loss: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+    """``loss``, attached to the graph of the forward ``outputs`` when it has none of its own.
+
+    A loss function may return a constant for a micro-batch with nothing to score; backward
+    must still run through the model (see :func:`zero_through_model`), with zero gradient.
+    """
+    if loss.requires_grad or not torch.is_grad_enabled():
+        return loss
+    if not outputs.requires_grad:
+        raise RuntimeError(
+            "train_batch: neither the loss nor the forward_fn outputs depend on the model's "
+            "parameters; forward_fn must run the model even on a micro-batch with nothing to score"
+        )
+    return loss + outputs.sum() * 0.0
 
 
 def _as_f64(x: torch.Tensor | float) -> torch.Tensor:
@@ -368,9 +411,14 @@ class HFTrainEngine:
         which must already be global). The summed gradient is therefore that of the loss over the
         whole global batch, whatever the split into micro-batches and ranks.
 
+        A step whose total weight is zero (no ``loss_mask`` token on any rank) has nothing to
+        learn from: every rank still runs its forward and (zero) backward passes, then no rank
+        steps the optimizer or the LR scheduler, and ``train_stats["empty"]`` is 1.
+
         Returns ``(train_stats, loss_stats)``: grad norm, lr, whether the step was skipped for a
-        non-finite loss or gradient on any rank; and the loss function's stats averaged with the
-        micro-batch weights over all ranks (every rank must return the same stat keys).
+        non-finite loss or gradient on any rank, whether it was empty; and the loss function's
+        stats averaged with the micro-batch weights over all ranks (every rank must return the
+        same stat keys).
         """
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
         self.model.train()
@@ -394,6 +442,7 @@ class HFTrainEngine:
             with sync_ctx:
                 logp, ent = self.forward_fn(self.model, mb, temperature, True)
                 loss, stats = loss_fn(logp, ent, mb)
+                loss = _with_graph(loss, logp)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
                 self.accelerator.backward(loss * scale)
             loss_total = loss_total + _as_f64(loss) * weights[i]
@@ -416,22 +465,31 @@ class HFTrainEngine:
             )
         ).tolist()
         skipped = not math.isfinite(grad_norm_f) or sums[-1] > 0
-        if skipped:
-            logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm_f)
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        empty = total_weight <= 0 and not skipped  # both global: the same on every rank
+        self._optimizer_step(grad_norm_f, skipped, empty)
         denom = sums[-2] if sums[-2] > 0 else 1.0
         loss_stats = {k: v / denom for k, v in zip(keys, sums)}
         train_stats = {
             "grad_norm": grad_norm_f,
             "lr": self.current_lr(),
             "skipped": float(skipped),
+            "empty": float(empty),
             "n_micro_batches": float(len(mbs)),
         }
         return train_stats, loss_stats
+
+    def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool) -> None:
+        """Step the optimizer and the LR scheduler, unless the step is ``skipped`` (non-finite
+        loss or gradient) or ``empty`` (no token with a loss weight); clear the gradients."""
+        assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
+        if skipped:
+            logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm)
+        elif empty:
+            logger.warning("no token with a loss weight on any rank: no optimizer step")
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # -- state --------------------------------------------------------------------------------
 

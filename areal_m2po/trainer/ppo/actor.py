@@ -394,6 +394,9 @@ class PPOActor:
             mb_stats["actor/grad_norm"] = train_stats["grad_norm"]
             mb_stats["actor/lr"] = train_stats["lr"]
             mb_stats["actor/skipped_steps"] = train_stats["skipped"]
+            # no loss-mask token in the minibatch on any rank: no optimizer step (averaged over
+            # the minibatches like skipped_steps: the fraction of this update's steps)
+            mb_stats["actor/empty_steps"] = train_stats["empty"]
             for key, v in mb_stats.items():
                 totals[key] = totals.get(key, 0.0) + v / len(minibatches)
         # train_batch's loss stats and the global M2PO stats are already global; only the
