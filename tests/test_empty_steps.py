@@ -1,6 +1,6 @@
 """Steps and micro-batches with no loss-mask token: zero-gradient no-ops, never a crash.
 
-Truncated rows masked by ``mask_no_eos_with_zero`` have no loss-mask token; rows are sorted by
+Truncated rows masked by ``overlong_filtering`` have no loss-mask token; rows are sorted by
 length before the micro-batch split, so they cluster into micro-batches of their own, and a
 step whose every row is truncated has nothing to learn from at all. Such a micro-batch still
 runs a forward and a (zero) backward pass through the model, so every rank runs the same
@@ -24,7 +24,7 @@ ROWS, PROMPT, COMPLETION = 8, 4, 6
 
 def make_batch(vocab: int, masked_rows: list[int], seed: int = 0, clear: bool = True) -> Batch:
     """``ROWS`` rows in the rollout layout; ``masked_rows`` are truncated (``no_eos``) and, with
-    ``clear``, have no loss-mask token (as ``mask_no_eos_with_zero`` leaves them).
+    ``clear``, have no loss-mask token (as ``overlong_filtering`` leaves them).
 
     Completion lengths decrease with the row index, so the length sort keeps row order.
     """
@@ -172,7 +172,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 def actor_batch(actor, masked_rows: list[int], seed: int = 0) -> Batch:
     """A rollout batch for ``actor`` with stale behaviour log-probs and varied rewards."""
-    # the truncated rows keep their loss-mask tokens: compute_advantages (mask_no_eos_with_zero)
+    # the truncated rows keep their loss-mask tokens: compute_advantages (overlong_filtering)
     # takes them out
     vocab = int(actor.engine.unwrapped.config.vocab_size)
     batch = make_batch(vocab, masked_rows, seed, clear=False)
@@ -192,7 +192,7 @@ def make_actor(n_mbs: int, opt: OptimizerConfig | None = None, **actor_kw):
     m2 = {"m2_threshold": 0.04} if "m2_scope" in actor_kw else {}
     cfg = ActorConfig(
         path="builtin:tiny",
-        mask_no_eos_with_zero=True,
+        overlong_filtering=True,
         optimizer=opt or OptimizerConfig(type="sgd", lr=1.0, beta1=0.0, gradient_clipping=0.0),
         mb_spec=MicroBatchSpec(n_mbs=n_mbs),
         **m2,
@@ -227,8 +227,11 @@ def test_actor_step_with_every_row_truncated_is_an_empty_step(scope, agg):
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("scope", sorted(SCOPES))
 def test_actor_truncated_rows_cluster_in_one_micro_batch(scope, agg):
-    """n_mbs=4 over 8 rows whose 2 shortest are truncated: one micro-batch has no token."""
-    actor = make_actor(4, loss_agg_mode=agg, **SCOPES[scope])
+    """n_mbs=4 over 8 rows whose 2 shortest are truncated: one micro-batch has no token.
+
+    Without ``skip_zero_adv_seqs`` (which would leave the zero-advantage truncated rows out,
+    and is never applied with m2_scope=microbatch) the truncated rows reach the engine."""
+    actor = make_actor(4, loss_agg_mode=agg, skip_zero_adv_seqs=False, **SCOPES[scope])
     batch = actor_batch(actor, masked_rows=[6, 7])
     actor.compute_advantages(batch)
     before = state(actor.engine)
@@ -252,7 +255,7 @@ def test_actor_truncated_rows_cluster_in_one_micro_batch(scope, agg):
 )
 def test_cli_run_with_truncated_rows(tmp_path, extra):
     """The issue's commands: the random tiny model rarely emits EOS within 8 tokens, so with
-    ``mask_no_eos_with_zero`` whole micro-batches (and at seed 1 the first step) are empty."""
+    ``overlong_filtering`` whole micro-batches (and at seed 1 the first step) are empty."""
     from pathlib import Path
 
     from areal_m2po.train import main
@@ -264,7 +267,7 @@ def test_cli_run_with_truncated_rows(tmp_path, extra):
         str(tiny),
         f"output_dir={out}",
         "total_train_steps=2",
-        "actor.mask_no_eos_with_zero=true",
+        "actor.overlong_filtering=true",
         "evaluator.eval_at_end=false",
         "saver.save_at_end=false",
         *extra,
