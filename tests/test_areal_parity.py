@@ -247,3 +247,63 @@ def test_kl_estimate_clamp_by_hand_and_validation():
     assert kl_estimate(lp, ref, "k1").tolist() == [[15.0, -12.0, 0.5]]
     with pytest.raises(ValueError, match="clamp"):
         kl_estimate(lp, ref, "k1", clamp=0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Behaviour log-probs vs truncated sampling
+# ---------------------------------------------------------------------------------------
+
+_NO_READER = [
+    "actor.m2_threshold=null",
+    "actor.use_decoupled_loss=false",
+    "actor.recompute_logprob=true",
+]
+_READERS = [
+    ("actor.m2_threshold", ["actor.m2_threshold=0.04", "actor.use_decoupled_loss=false"]),
+    ("actor.use_decoupled_loss", ["actor.m2_threshold=null", "actor.use_decoupled_loss=true"]),
+    (
+        "actor.recompute_logprob=false",
+        [
+            "actor.m2_threshold=null",
+            "actor.use_decoupled_loss=false",
+            "actor.recompute_logprob=false",
+        ],
+    ),
+    ("actor.kl_logp=behave", [*_NO_READER, "actor.kl_ctl=0.1", "actor.kl_logp=behave"]),
+]
+_TRUNCATIONS = [
+    ("gconfig.top_p", "gconfig.top_p=0.9"),
+    ("gconfig.top_k", "gconfig.top_k=5"),
+    ("gconfig.min_new_tokens", "gconfig.min_new_tokens=2"),
+]
+
+
+@pytest.mark.parametrize("reader,reader_args", _READERS, ids=[r[0] for r in _READERS])
+@pytest.mark.parametrize("key,override", _TRUNCATIONS, ids=[t[0] for t in _TRUNCATIONS])
+def test_truncated_sampling_refused_where_behaviour_logprobs_are_read(
+    reader, reader_args, key, override
+):
+    from areal_m2po.api.config_loader import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config([*reader_args, override])
+    assert err.value.key == key
+    assert reader in str(err.value)
+
+
+def test_greedy_refused_where_behaviour_logprobs_are_read():
+    from areal_m2po.api.config_loader import load_config
+
+    with pytest.raises(ConfigError, match="gconfig.greedy"):
+        load_config(["gconfig.greedy=true", "gconfig.n_samples=1", "actor.adv_norm=null"])
+
+
+def test_truncated_sampling_allowed_when_only_recomputed_logprobs_are_read():
+    from areal_m2po.api.config_loader import load_config
+
+    cfg = load_config(
+        [*_NO_READER, "gconfig.top_p=0.9", "gconfig.top_k=5", "gconfig.min_new_tokens=2"]
+    )
+    assert (cfg.gconfig.top_p, cfg.gconfig.top_k, cfg.gconfig.min_new_tokens) == (0.9, 5, 2)
+    # a KL penalty on the proximal log-probs reads no behaviour log-probs either
+    load_config([*_NO_READER, "actor.kl_ctl=0.1", "gconfig.top_p=0.9"])

@@ -945,6 +945,45 @@ class PPOConfig:
         for name, cls in sections.items():
             _validate_section(self, name, cls)
         self._check_combinations()
+        self._check_behaviour_logprobs()
+
+    def _behaviour_logprob_reader(self) -> str | None:
+        """The actor setting that makes training read the behaviour log-probs, if any."""
+        actor = self.actor
+        if actor.m2_threshold is not None:
+            return "actor.m2_threshold"
+        if actor.use_decoupled_loss:
+            return "actor.use_decoupled_loss"
+        if not actor.recompute_logprob:
+            return "actor.recompute_logprob=false"
+        if actor.kl_logp == "behave" and actor.kl_ctl > 0:
+            return "actor.kl_logp=behave"
+        return None
+
+    def _check_behaviour_logprobs(self) -> None:
+        """Behaviour log-probs are ``log softmax(logits / temperature)`` of the full vocabulary,
+        like the training log-probs. Sampling with top_p/top_k/min_new_tokens draws from a
+        truncated distribution whose log-probs differ, so where training reads the behaviour
+        log-probs (M2PO, the decoupled loss, no recompute, the behaviour KL source) those
+        settings are refused rather than mixing the two distributions."""
+        reader = self._behaviour_logprob_reader()
+        if reader is None:
+            return
+        g = self.gconfig
+        truncation = (
+            ("gconfig.top_p", g.top_p < 1.0, f"{g.top_p} (use 1.0)"),
+            ("gconfig.top_k", g.top_k > 0, f"{g.top_k} (use 0)"),
+            ("gconfig.min_new_tokens", g.min_new_tokens > 0, f"{g.min_new_tokens} (use 0)"),
+            ("gconfig.greedy", g.greedy, "true (greedy decoding records no log-probs)"),
+        )
+        for key, active, value in truncation:
+            if active:
+                raise ConfigError(
+                    key,
+                    f"{reader} reads the behaviour log-probs, which are those of the untruncated "
+                    f"softmax(logits / temperature), not of the distribution sampled with {key}"
+                    f"={value}",
+                )
 
     def _check_combinations(self) -> None:
         actor, g = self.actor, self.gconfig

@@ -109,9 +109,11 @@ class RolloutEngine:
         """Sample ``gconfig.n_samples`` completions per prompt (1 when greedy).
 
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
-        log-probs ``log softmax(logits / temperature)`` of each sampled token recorded during
-        generation (no second forward pass) and every generated token stamped with this
-        engine's version. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
+        log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
+        sampled token recorded during generation (no second forward pass; 0 when greedy) and
+        every generated token stamped with this engine's version. These are the log-probs of
+        the sampled distribution only without ``top_p``/``top_k``/``min_new_tokens``; the
+        config refuses those settings wherever training reads the behaviour log-probs. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
         """
         if not prompts:
             raise ValueError("generate() got no prompts")
