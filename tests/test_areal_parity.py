@@ -307,3 +307,39 @@ def test_truncated_sampling_allowed_when_only_recomputed_logprobs_are_read():
     assert (cfg.gconfig.top_p, cfg.gconfig.top_k, cfg.gconfig.min_new_tokens) == (0.9, 5, 2)
     # a KL penalty on the proximal log-probs reads no behaviour log-probs either
     load_config([*_NO_READER, "actor.kl_ctl=0.1", "gconfig.top_p=0.9"])
+
+
+# ---------------------------------------------------------------------------------------
+# The std of adv_norm/reward_norm: of the centred values (AReaL's Normalization)
+# ---------------------------------------------------------------------------------------
+
+
+def test_group_mean_batch_std_is_the_pooled_within_group_spread():
+    from areal_m2po.utils.functional import group_normalize, masked_normalize
+
+    # groups [1, 0] and [5, 4]: group means 0.5 and 4.5, centred [0.5, -0.5, 0.5, -0.5];
+    # batch std of the centred values sqrt(4 * 0.25 / 3) = sqrt(1/3) -> +-0.5 * sqrt(3)
+    # (the std of x itself, sqrt(17 / 3), would give +-0.21)
+    x = torch.tensor([1.0, 0.0, 5.0, 4.0], dtype=F64)
+    out = group_normalize(x, "group", "batch", group_size=2, eps=0.0)
+    h = 0.5 * math.sqrt(3)
+    assert out.tolist() == pytest.approx([h, -h, h, -h])
+    # token level, one token per row: the same numbers
+    tok = masked_normalize(
+        x[:, None], torch.ones(4, 1, dtype=torch.bool), "group", "batch", 2, eps=0.0
+    )
+    assert tok[:, 0].tolist() == pytest.approx([h, -h, h, -h])
+
+
+def test_leave_one_out_with_std_and_std_without_centring():
+    from areal_m2po.utils.functional import group_normalize
+
+    # RLOO + std, one group [1, 0, 0, 0]: leave-one-out means [0, 1/3, 1/3, 1/3], centred
+    # [1, -1/3, -1/3, -1/3], std sqrt((1 + 3/9) / 3) = 2/3 -> [1.5, -0.5, -0.5, -0.5]
+    # (the std of x, 0.5, would give [2, -2/3, -2/3, -2/3])
+    x = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=F64)
+    out = group_normalize(x, "group", "group", group_size=4, mean_leave1out=True, eps=0.0)
+    assert out.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
+    # no centring: [3, 4] over sqrt((9 + 16) / 1) = 5 -> [0.6, 0.8]
+    out = group_normalize(torch.tensor([3.0, 4.0], dtype=F64), None, "group", group_size=2, eps=0.0)
+    assert out.tolist() == pytest.approx([0.6, 0.8])

@@ -499,9 +499,9 @@ def test_group_normalize_by_hand():
     # batch leave-one-out: element 0 -> 1 - (23 / 3)
     out = group_normalize(x, "batch", None, group_size=None, mean_leave1out=True)
     assert out[0].item() == pytest.approx(1 - 23 / 3)
-    # mean none, group std: x / (std + eps)
+    # mean none, group std of the uncentred values: group 0 sqrt((1 + 9) / 1) = sqrt(10)
     out = group_normalize(x, None, "group", group_size=2, eps=1e-5)
-    assert out[0].item() == pytest.approx(1 / (s + 1e-5))
+    assert out[0].item() == pytest.approx(1 / (math.sqrt(10) + 1e-5))
     with pytest.raises(ValueError, match="not divisible by group_size 3"):
         group_normalize(x, "group", "group", group_size=3)
 
@@ -685,7 +685,7 @@ def test_masked_normalize_batch_sum_spans_shards():
         return t
 
     F.masked_normalize(x, mask, "batch", "batch", batch_sum=record)
-    assert len(global_sums) == 5  # sum, count (mean); sum, count, squared deviations (std)
+    assert len(global_sums) == 4  # sum, count (mean); count, squared centred values (std)
     for rows in (slice(0, 2), slice(2, 6)):
         it = iter(global_sums)
         part = F.masked_normalize(

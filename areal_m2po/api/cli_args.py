@@ -256,7 +256,8 @@ class NormConfig:
     )
     std_level: str | None = _field(
         "group",
-        "Divide by the std over the batch or the group (null: no scaling).",
+        "Divide by the std over the batch or the group of the centred values, taken around "
+        "0 (AReaL's; without centring the root mean square) (null: no scaling).",
         choices=NORM_LEVELS,
     )
     mean_leave1out: bool = _field(

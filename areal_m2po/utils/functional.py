@@ -324,8 +324,11 @@ def group_normalize(
     ``out = (x - mean) / (std + eps)``; ``mean_level=None`` skips centring,
     ``std_level=None`` skips scaling (and ``eps``). ``mean_leave1out`` uses, for each
     element, the mean of the OTHER elements of its batch/group (RLOO baseline). ``std`` is
-    the spread of ``x`` itself around its plain mean at ``std_level`` (unbiased by default;
-    0 when a level has a single element).
+    the spread at ``std_level`` of the centred values ``c = x - mean`` around 0,
+    ``sqrt(sum c^2 / (n - 1))`` (unbiased by default; ``n`` in the denominator otherwise; 0
+    when a level has a single element), as AReaL computes it: with equal levels and a plain
+    mean this is the usual std of ``x``; without centring it is the root mean square of ``x``;
+    with a group mean and a batch std it is the pooled within-group spread.
 
     Args:
         x: float ``[B]``.
@@ -360,16 +363,17 @@ def group_normalize(
             mean = s / n
         out = (v - mean).reshape(batch)
     if std_level is not None:
-        v = _view(std_level)
-        n = v.shape[1]
-        dev = v - v.mean(dim=1, keepdim=True)
+        # the spread of the centred values (as AReaL): around the mean actually subtracted
+        size = batch if std_level == "batch" else gsz
+        dev = out.view(batch // size, size)
+        n = size
         denom = n - 1 if std_unbiased else n
         var = (
             (dev * dev).sum(dim=1, keepdim=True) / denom
             if denom > 0
-            else torch.zeros_like(v[:, :1])
+            else torch.zeros_like(dev[:, :1])
         )
-        std = var.sqrt().expand_as(v).reshape(batch)
+        std = var.sqrt().expand_as(dev).reshape(batch)
         out = out / (std + eps)
     return out.to(x.dtype)
 
@@ -389,7 +393,8 @@ def masked_normalize(
 
     Statistics are taken over the valid tokens of the whole batch ("batch") or of the
     group's ``group_size`` consecutive sequences ("group"). Leave-one-out excludes the token
-    itself. Positions outside ``mask`` are 0 in the output.
+    itself. The std is that of the centred values around 0, as in :func:`group_normalize`.
+    Positions outside ``mask`` are 0 in the output.
 
     Args:
         x: float ``[B, T]``; mask: bool ``[B, T]``.
@@ -430,10 +435,9 @@ def masked_normalize(
             mean = s / n.clamp(min=1)
         out = x64 - mean
     if std_level is not None:
-        s = _pool(sum_row, std_level)
+        # the spread of the centred values (as AReaL): around the mean actually subtracted
         n = _pool(cnt_row, std_level)
-        mu = s / n.clamp(min=1)
-        dev = torch.where(mask, x64 - mu, 0.0)
+        dev = torch.where(mask, out, 0.0)
         ss = _pool((dev * dev).sum(dim=1), std_level)
         denom = (n - 1) if std_unbiased else n
         var = torch.where(denom > 0, ss / denom.clamp(min=1), torch.zeros_like(ss))
