@@ -394,7 +394,8 @@ class ActorConfig(TrainEngineConfig):
     loss_agg_mode: str = _field(
         "token-mean",
         "Loss aggregation: mean over all valid tokens; mean over sequences of their token mean; "
-        "or the Dr.GRPO constant normaliser (sum / (n_seqs * max_new_tokens)).",
+        "or the Dr.GRPO constant normaliser (sum / (n_seqs * max_new_tokens)). Sequences count "
+        "when they have a valid token, so the gradient is the same for any micro-batch split.",
         choices=LOSS_AGG_MODES,
     )
     ppo_n_minibatches: int = _field(1, "PPO minibatches (optimizer steps) per training batch.")

@@ -34,6 +34,7 @@ from torch.autograd.function import once_differentiable
 __all__ = [
     "LOSS_AGG_MODES",
     "agg_loss",
+    "agg_loss_weight",
     "apply_m2po_masking",
     "gae_advantages",
     "gather_logprobs_entropy",
@@ -993,6 +994,35 @@ def m2po_stats(
 # --------------------------------------------------------------------------------------
 
 
+def agg_loss_weight(loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """The denominator count of :func:`agg_loss` for a (micro-)batch: what the batch weighs.
+
+    * "token-mean": the number of valid tokens;
+    * "seq-mean-token-mean", "seq-mean-token-sum-norm": the number of rows with at least one
+      valid token (a row without any is no sample of the loss).
+
+    ``agg_loss`` divides by exactly this count (at least 1), so for any split of a batch into
+    blocks of rows, ``sum_blocks agg_loss(block) * weight(block) / weight(batch)`` equals
+    ``agg_loss(batch)``: the gradient does not depend on the micro-batch split, nor on leaving
+    out rows whose token losses are all zero (e.g. zero advantages) once ``weight(batch)`` was
+    counted with them.
+
+    Args:
+        loss_mask: bool ``[B, T]`` (``[N]`` allowed for "token-mean").
+    Returns:
+        int64 0-dim tensor.
+    """
+    _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    mask = _check_bool_mask("loss_mask", loss_mask)
+    if loss_agg_mode == "token-mean":
+        return mask.sum()
+    if mask.ndim != 2:
+        raise ValueError(
+            f"loss_agg_mode {loss_agg_mode!r} needs a [B, T] loss_mask, got {tuple(mask.shape)}"
+        )
+    return mask.any(dim=1).sum()
+
+
 def agg_loss(
     token_loss: torch.Tensor,
     keep_mask: torch.Tensor,
@@ -1002,11 +1032,13 @@ def agg_loss(
 ) -> torch.Tensor:
     """Aggregate per-token losses: numerator over ``keep_mask``, denominators from ``loss_mask``.
 
-    * "token-mean": ``sum_kept / n_valid`` (n_valid clamped to >= 1).
-    * "seq-mean-token-mean": per row ``sum_kept_row / n_valid_row``, averaged over the rows
-      that have at least one valid token.
-    * "seq-mean-token-sum-norm" (Dr. GRPO): ``sum_kept / (B * max_tokens_norm)``,
-      ``max_tokens_norm`` defaulting to ``T``.
+    With ``W = agg_loss_weight(loss_mask, loss_agg_mode)`` (clamped to >= 1):
+
+    * "token-mean": ``sum_kept / W``, W the number of valid tokens.
+    * "seq-mean-token-mean": per row ``sum_kept_row / n_valid_row``, summed over the rows and
+      divided by W, the number of rows with at least one valid token.
+    * "seq-mean-token-sum-norm" (Dr. GRPO): ``sum_kept / (W * max_tokens_norm)``, W the number
+      of rows with at least one valid token, ``max_tokens_norm`` defaulting to ``T``.
 
     Args:
         token_loss: float ``[B, T]`` (``[N]`` allowed for "token-mean"); values outside
@@ -1019,22 +1051,20 @@ def agg_loss(
     tl = torch.where(
         keep_mask, token_loss, torch.zeros((), dtype=token_loss.dtype, device=token_loss.device)
     )
-    if loss_agg_mode == "token-mean":
-        return tl.sum() / loss_mask.sum().clamp(min=1).to(tl.dtype)
-    if token_loss.ndim != 2:
+    if loss_agg_mode != "token-mean" and token_loss.ndim != 2:
         raise ValueError(
             f"loss_agg_mode {loss_agg_mode!r} needs [B, T] tensors, got {tuple(token_loss.shape)}"
         )
-    B, T = token_loss.shape
+    weight = agg_loss_weight(loss_mask, loss_agg_mode).clamp(min=1).to(tl.dtype)
+    if loss_agg_mode == "token-mean":
+        return tl.sum() / weight
     if loss_agg_mode == "seq-mean-token-mean":
         n_row = loss_mask.sum(dim=1)
-        per_row = tl.sum(dim=1) / n_row.clamp(min=1).to(tl.dtype)
-        n_seqs = (n_row > 0).sum().clamp(min=1).to(tl.dtype)
-        return per_row.sum() / n_seqs
-    norm = T if max_tokens_norm is None else max_tokens_norm
+        return (tl.sum(dim=1) / n_row.clamp(min=1).to(tl.dtype)).sum() / weight
+    norm = token_loss.shape[1] if max_tokens_norm is None else max_tokens_norm
     if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not norm > 0:
         raise ValueError(f"max_tokens_norm must be a positive number, got {max_tokens_norm!r}")
-    return tl.sum() / (max(B, 1) * float(norm))
+    return tl.sum() / (weight * float(norm))
 
 
 # --------------------------------------------------------------------------------------

@@ -260,9 +260,9 @@ class PPOActor:
         return [torch.arange(bounds[i], bounds[i + 1]) for i in range(k)]
 
     def _loss_weight(self, mb: Batch) -> float:
-        if self.config.loss_agg_mode == "token-mean":
-            return float(mb["loss_mask"].sum())
-        return float(mb["loss_mask"].any(-1).sum())
+        """The micro-batch's weight: exactly its ``agg_loss`` denominator count, so the step's
+        gradient depends neither on the micro-batch split nor on skipped zero-advantage rows."""
+        return float(F.agg_loss_weight(mb["loss_mask"], self.config.loss_agg_mode))
 
     def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
