@@ -5,818 +5,71 @@ before Collapse", arXiv 2510.01161): with the batch trained at update t generate
 of update t - s, GRPO degrades, GRPO without a trust region prospers then collapses, and M2PO
 (m2_threshold 0.04, no clipping) matches on-policy training.
 
-Every run goes through the normal entry point (``python -m areal_m2po.train KEY=VALUE ...``, or
-``run(cfg)`` in-process with ``--parallel 1``) into its own ``OUT/<method>_s<s>_seed<k>``
-directory; the summary (CSV, PNG, Markdown) is computed only from those runs' metrics.jsonl, so
-``--replot`` summarises whatever runs exist (a partial study included)::
+The arms and the default settings are data: ``scripts/study/arms.yaml``. Every run goes through
+the normal entry point (``python -m areal_m2po.train KEY=VALUE ...``) into its own
+``<work-dir>/<arm>_s<s>_seed<k>`` directory, with recover checkpoints, so a study that was
+stopped continues where it was (finished runs are never rerun); a finished run's small files
+(metrics.jsonl, config.yaml, done.json; no weights) are copied to ``--archive-dir`` in the
+repository, and the report (CSV, PNG, Markdown) is computed from the run directories alone::
 
-    python scripts/stale_study.py                       # the CPU study (SmolLM2-135M, s=4)
-    python scripts/stale_study.py --replot              # re-summarise existing run dirs
-    python scripts/stale_study.py --model Qwen/Qwen2.5-Math-1.5B --staleness 16 \\
-        --set train_dataset.path=gsm8k ...              # a GPU study; see docs/stale_study.md
+    python scripts/stale_study.py                         # run (or resume) the study
+    python scripts/stale_study.py --staleness 4 --arms grpo --seeds 1   # one more run
+    python scripts/stale_study.py --replot                # archive finished runs, re-report
 
-Methods (``--methods``; all share seed, data order, update budget and evaluation):
-
-* ``grpo_onpolicy``  - GRPO, staleness 0, clip 0.2.
-* ``grpo``           - GRPO at staleness s: ratio pi_theta / pi_behave clipped to [0.8, 1.2].
-* ``grpo_noclip``    - the same ratio, unclipped (no trust region).
-* ``m2po``           - M2PO: ratio pi_theta / pi_behave, unclipped, tokens masked by the
-  second moment of log(pi_prox / pi_behave) until its mean is below 0.04 (global scope).
-* ``m2po_microbatch`` - as m2po with the per-micro-batch statistic (AReaL's), 4 micro-batches.
-* ``m2po_sapo``      - M2PO mask with the SAPO loss (SAPO's ratio is against pi_prox).
-
-How each maps onto the config is in :data:`METHODS`.
+Code: :mod:`study.arms` (arms.yaml), :mod:`study.scheduler` (resumable runs),
+:mod:`study.summary` and :mod:`study.verdicts` (the numbers), :mod:`study.report` (the files).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
 import os
-import queue
 import shlex
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
-NO_CLIP = "1.0e6"  # an eps_clip no ratio reaches: the clipped branch is never active
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # when imported by path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from study.arms import ARMS_FILE, load_arms_file  # noqa: E402
+from study.report import ReportInputs, write_report  # noqa: E402
+from study.runs import archive_run, discover, is_done  # noqa: E402
+from study.scheduler import (  # noqa: E402
+    RunOptions,
+    Settings,
+    build_specs,
+    code_commit,
+    pending,
+    plan,
+    plan_pilot,
+    run_all,
+)
 
-@dataclass(frozen=True)
-class Method:
-    """One arm of the study: its label and the config keys that define it."""
-
-    label: str
-    stale: bool  # trained at --staleness (else at 0)
-    overrides: tuple[str, ...]
-    uses_m2po: bool = False
-    note: str = ""
-
-
-# GRPO arms compare the policy with the behaviour policy as PPO does (recompute_logprob=false:
-# the ratio's reference is the recorded behaviour log-prob), which is the paper's GRPO baseline.
-# With recompute_logprob=true and no decoupled loss, one optimizer step per batch would make the
-# ratio pi_theta / pi_prox = 1 at the step and the clip could never act. M2PO needs the
-# proximal log-probs for its statistic, and the decoupled loss makes its ratio pi_theta/pi_behave.
-METHODS: dict[str, Method] = {
-    "grpo_onpolicy": Method(
-        "GRPO on-policy (s=0)",
-        False,
-        (
-            "actor.m2_threshold=null",
-            "actor.eps_clip=0.2",
-            "actor.recompute_logprob=false",
-            "actor.use_decoupled_loss=false",
-        ),
-        note="ratio pi/pi_behave (= pi_prox on-policy), clip 0.2",
-    ),
-    "grpo": Method(
-        "GRPO (clip 0.2)",
-        True,
-        (
-            "actor.m2_threshold=null",
-            "actor.eps_clip=0.2",
-            "actor.recompute_logprob=false",
-            "actor.use_decoupled_loss=false",
-        ),
-        note="ratio pi/pi_behave clipped to [0.8, 1.2]",
-    ),
-    "grpo_noclip": Method(
-        "GRPO, no trust region",
-        True,
-        (
-            "actor.m2_threshold=null",
-            f"actor.eps_clip={NO_CLIP}",
-            "actor.recompute_logprob=false",
-            "actor.use_decoupled_loss=false",
-        ),
-        note="ratio pi/pi_behave, unclipped",
-    ),
-    "m2po": Method(
-        "M2PO (m2 0.04, global)",
-        True,
-        (
-            "actor.m2_threshold=0.04",
-            "actor.m2_scope=global",
-            f"actor.eps_clip={NO_CLIP}",
-            "actor.recompute_logprob=true",
-            "actor.use_decoupled_loss=true",
-        ),
-        uses_m2po=True,
-        note="ratio (pi/pi_prox)(pi_prox/pi_behave) = pi/pi_behave, unclipped, M2PO mask",
-    ),
-    "m2po_microbatch": Method(
-        "M2PO (m2 0.04, per micro-batch)",
-        True,
-        (
-            "actor.m2_threshold=0.04",
-            "actor.m2_scope=microbatch",
-            "actor.mb_spec.n_mbs=4",
-            f"actor.eps_clip={NO_CLIP}",
-            "actor.recompute_logprob=true",
-            "actor.use_decoupled_loss=true",
-        ),
-        uses_m2po=True,
-        note="as m2po, statistic per micro-batch (4 micro-batches), as AReaL",
-    ),
-    "m2po_sapo": Method(
-        "M2PO + SAPO",
-        True,
-        (
-            "actor.m2_threshold=0.04",
-            "actor.m2_scope=global",
-            "actor.use_sapo_loss=true",
-            "actor.recompute_logprob=true",
-            "actor.use_decoupled_loss=false",
-        ),
-        uses_m2po=True,
-        note="SAPO soft gate on pi/pi_prox; M2PO mask from pi_prox vs pi_behave",
-    ),
+COMMANDS_FILE = "study_commands.txt"
+# flag -> (type, help); a flag left unset takes arms.yaml's `defaults` value
+SETTING_FLAGS: dict[str, tuple[type, str]] = {
+    "model": (str, "actor.path"),
+    "dtype": (str, "actor.dtype"),
+    "train_dataset": (str, "train_dataset.path"),
+    "valid_dataset": (str, "valid_dataset.path"),
+    "valid_split": (str, "valid_dataset.split"),
+    "reward": (str, "reward.path"),
+    "steps": (int, "updates per run"),
+    "staleness": (int, "s of the stale arms"),
+    "arms": (str, "comma-separated arm names (arms.yaml)"),
+    "seeds": (str, "comma-separated seeds"),
+    "batch_size": (int, "prompts per update"),
+    "n_samples": (int, "samples per prompt"),
+    "max_new_tokens": (int, "gconfig.max_new_tokens"),
+    "lr": (float, "learning rate"),
+    "eval_size": (int, "held-out problems"),
+    "eval_batch_size": (int, "evaluation batch size"),
+    "eval_every": (int, "evaluate every N updates"),
+    "threads": (int, "torch threads per run (0: torch's default)"),
+    "parallel": (int, "runs at a time, each its own process (1: in this process)"),
+    "recover_every": (int, "recover checkpoint every N updates"),
 }
-DEFAULT_METHODS = ("grpo_onpolicy", "grpo", "grpo_noclip", "m2po")
-
-CSV_COLUMNS = (
-    "method",
-    "staleness",
-    "seed",
-    "final_accuracy",
-    "best_accuracy",
-    "masked_or_clipped_fraction",
-    "collapsed",
-    "initial_accuracy",
-    "best_step",
-    "steps_done",
-    "steps_planned",
-    "updates_with_signal",
-    "eval_n",
-    "mean_masked_fraction",
-    "mean_clip_fraction",
-    "mean_grad_norm",
-    "max_grad_norm",
-    "mean_reward_last5",
-    "no_eos_last5",
-    "entropy_last5",
-    "wall_s",
-    "run_dir",
-)
-
-COLLAPSE_DEFINITION = (
-    "collapsed = the last evaluation is below half the best evaluation of the run, or below the "
-    "initial accuracy by more than 2 binomial standard errors of the initial accuracy on the "
-    "eval set (2*sqrt(p0*(1-p0)/n))"
-)
-
-
-# ---------------------------------------------------------------------------------------------
-# run specification
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunSpec:
-    method: str
-    staleness: int
-    seed: int
-    run_dir: str
-    overrides: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.run_dir)
-
-
-def run_name(method: str, staleness: int, seed: int) -> str:
-    return f"{method}_s{staleness}_seed{seed}"
-
-
-def common_overrides(args: argparse.Namespace) -> list[str]:
-    """Config keys every run shares (model, task, budget, evaluation, logging)."""
-    ov = [
-        "experiment_name=stale_study",
-        f"actor.path={args.model}",
-        f"actor.dtype={args.dtype}",
-        f"actor.optimizer.lr={args.lr}",
-        "actor.optimizer.lr_scheduler_type=constant",
-        "actor.ppo_n_minibatches=1",
-        "actor.kl_ctl=0.0",
-        f"total_train_steps={args.steps}",
-        f"train_dataset.path={args.train_dataset}",
-        f"train_dataset.batch_size={args.batch_size}",
-        f"valid_dataset.path={args.valid_dataset}",
-        f"valid_dataset.split={args.valid_split}",
-        f"valid_dataset.max_samples={args.eval_size}",
-        f"valid_dataset.batch_size={min(args.eval_size, args.eval_batch_size)}",
-        "valid_dataset.shuffle=false",
-        f"gconfig.n_samples={args.n_samples}",
-        f"gconfig.max_new_tokens={args.max_new_tokens}",
-        "gconfig.temperature=1.0",
-        f"reward.path={args.reward}",
-        f"evaluator.freq_steps={args.eval_every}",
-        "evaluator.eval_at_start=true",
-        "evaluator.eval_at_end=true",
-        "saver.save_at_end=false",
-        "recover.mode=disabled",
-        "stats_logger.progress_bar=false",
-    ]
-    if args.threads:
-        ov.append(f"num_threads={args.threads}")
-    return ov
-
-
-def build_specs(args: argparse.Namespace) -> list[RunSpec]:
-    specs = []
-    for seed in args.seeds:
-        for name in args.methods:
-            m = METHODS[name]
-            s = args.staleness if m.stale else 0
-            run_dir = os.path.join(args.out_dir, run_name(name, s, seed))
-            ov = [
-                *common_overrides(args),
-                *m.overrides,
-                f"rollout.staleness={s}",
-                f"seed={seed}",
-                f"trial_name={run_name(name, s, seed)}",
-                f"output_dir={run_dir}",
-                *args.set,
-            ]
-            specs.append(RunSpec(name, s, seed, run_dir, ov))
-    return specs
-
-
-# ---------------------------------------------------------------------------------------------
-# running
-# ---------------------------------------------------------------------------------------------
-
-
-def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    from areal_m2po.plot import read_metrics as _read
-
-    path = os.path.join(run_dir, "metrics.jsonl")
-    return _read(path) if os.path.exists(path) else []
-
-
-def is_complete(run_dir: str, steps: int) -> bool:
-    records = read_metrics(run_dir)
-    return any(r.get("step") == steps and "eval/accuracy" in r for r in records)
-
-
-def _write_run_info(spec: RunSpec, info: dict[str, Any]) -> None:
-    with open(os.path.join(spec.run_dir, "study_run.json"), "w") as fh:
-        json.dump(info, fh, indent=1)
-
-
-def _worker_env(threads: int | None, devices: str | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    # custom reward modules importable here must be importable in the worker too
-    prefixes = tuple({sys.prefix, sys.base_prefix})
-    paths = [os.getcwd(), *[p for p in sys.path if p and not p.startswith(prefixes)]]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-        env["MKL_NUM_THREADS"] = str(threads)
-    if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("HF_DATASETS_OFFLINE", "1")
-    return env
-
-
-def train_command(spec: RunSpec, launcher: str = "") -> list[str]:
-    """``python -m areal_m2po.train KEY=VALUE ...``, or ``LAUNCHER -m areal_m2po.train ...``
-    (e.g. ``accelerate launch --num_processes 4``) for multi-GPU runs."""
-    head = shlex.split(launcher) if launcher else [sys.executable]
-    return [*head, "-m", "areal_m2po.train", *spec.overrides]
-
-
-def device_slots(n_slots: int, per_run: int, visible: str | None) -> list[str | None]:
-    """One CUDA_VISIBLE_DEVICES value per concurrent run: consecutive blocks of ``per_run``
-    devices out of ``visible`` (default 0..n_slots*per_run-1); all None when per_run is 0."""
-    if per_run <= 0:
-        return [None] * n_slots
-    ids = [d.strip() for d in visible.split(",")] if visible else None
-    ids = ids or [str(i) for i in range(n_slots * per_run)]
-    if len(ids) < n_slots * per_run:
-        raise ValueError(
-            f"{n_slots} parallel runs x {per_run} devices need {n_slots * per_run} devices, "
-            f"{len(ids)} visible"
-        )
-    return [",".join(ids[i * per_run : (i + 1) * per_run]) for i in range(n_slots)]
-
-
-def execute(
-    spec: RunSpec,
-    in_process: bool,
-    threads: int | None,
-    launcher: str = "",
-    devices: str | None = None,
-) -> int:
-    """Train one run into ``spec.run_dir``; returns the exit status."""
-    os.makedirs(spec.run_dir, exist_ok=True)
-    cmd = train_command(spec, launcher)
-    info: dict[str, Any] = {"command": shlex.join(cmd), "start": time.time()}
-    if devices is not None:
-        info["cuda_visible_devices"] = devices
-    t0 = time.perf_counter()
-    if in_process:
-        from areal_m2po.api.config_loader import load_config
-        from areal_m2po.trainer.rl_trainer import run
-
-        rc = int(run(load_config(list(spec.overrides))) or 0)
-    else:
-        with open(os.path.join(spec.run_dir, "train.log"), "w") as log:
-            proc = subprocess.run(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_worker_env(threads, devices),
-                check=False,
-            )
-        rc = proc.returncode
-    info.update(rc=rc, wall_s=time.perf_counter() - t0, end=time.time())
-    _write_run_info(spec, info)
-    return rc
-
-
-def run_all(specs: Sequence[RunSpec], args: argparse.Namespace) -> dict[str, int]:
-    todo = []
-    for spec in specs:
-        if not args.force and is_complete(spec.run_dir, args.steps):
-            print(f"[stale_study] {spec.name}: complete, skipped (--force reruns)", flush=True)
-            continue
-        if args.force and os.path.isdir(spec.run_dir):
-            shutil.rmtree(spec.run_dir)
-        todo.append(spec)
-    status: dict[str, int] = {}
-
-    in_process = args.parallel == 1 and not args.launcher and not args.devices_per_run
-    slots: queue.Queue[str | None] = queue.Queue()
-    for slot in device_slots(
-        args.parallel, args.devices_per_run, os.environ.get("CUDA_VISIBLE_DEVICES")
-    ):
-        slots.put(slot)
-
-    def one(spec: RunSpec) -> None:
-        devices = slots.get()
-        print(f"[stale_study] start {spec.name}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            rc = execute(spec, in_process, args.threads, args.launcher, devices)
-        except Exception as exc:  # one failed arm must not lose the others
-            print(f"[stale_study] {spec.name} failed: {type(exc).__name__}: {exc}", flush=True)
-            rc = 1
-        finally:
-            slots.put(devices)
-        status[spec.name] = rc
-        print(
-            f"[stale_study] done {spec.name}: rc={rc} in {time.perf_counter() - t0:.0f}s",
-            flush=True,
-        )
-
-    if in_process:
-        for spec in todo:
-            one(spec)
-    else:
-        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            list(pool.map(one, todo))
-    return status
-
-
-# ---------------------------------------------------------------------------------------------
-# summarising
-# ---------------------------------------------------------------------------------------------
-
-
-def _mean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def summarise_run(run_dir: str, method: str, staleness: int, seed: int, steps: int) -> dict:
-    """One CSV row, computed only from ``run_dir/metrics.jsonl``."""
-    records = read_metrics(run_dir)
-    evals = [(int(r["step"]), float(r["eval/accuracy"])) for r in records if "eval/accuracy" in r]
-    train = [r for r in records if int(r.get("step", 0)) >= 1 and "actor/grad_norm" in r]
-    row: dict[str, Any] = {k: "" for k in CSV_COLUMNS}
-    row.update(method=method, staleness=staleness, seed=seed, run_dir=run_dir)
-    row["steps_done"] = max((int(r["step"]) for r in train), default=0)
-    row["steps_planned"] = steps
-    if evals:
-        acc0 = next((a for s, a in evals if s == 0), evals[0][1])
-        best_step, best = max(evals, key=lambda e: (e[1], -e[0]))
-        final = evals[-1][1]
-        n = max((float(r.get("eval/n", 0)) for r in records if "eval/accuracy" in r), default=0)
-        row.update(
-            initial_accuracy=acc0,
-            final_accuracy=final,
-            best_accuracy=best,
-            best_step=best_step,
-            eval_n=int(n),
-        )
-        margin = 2 * math.sqrt(acc0 * (1 - acc0) / n) if n else 0.0
-        row["collapsed"] = bool(final < 0.5 * best or final < acc0 - margin)
-    # fractions are averaged over the updates with a learning signal (grad norm > 0): an update
-    # whose advantages are all zero clips nothing and its M2PO mask changes nothing
-    signal = [r for r in train if (r.get("actor/grad_norm") or 0.0) > 0.0]
-    masked = [r.get("m2po/masked_fraction") for r in signal]
-    clipped = [r.get("actor/clip_fraction") for r in signal]
-    grad = [r.get("actor/grad_norm") for r in train]
-    row["updates_with_signal"] = len(signal)
-    row["mean_masked_fraction"] = _mean([x for x in masked if x is not None])
-    row["mean_clip_fraction"] = _mean([x for x in clipped if x is not None])
-    row["mean_grad_norm"] = _mean(grad)
-    row["max_grad_norm"] = max((g for g in grad if g is not None), default=float("nan"))
-    row["mean_reward_last5"] = _mean([r.get("reward/mean") for r in train[-5:]])
-    row["no_eos_last5"] = _mean([r.get("rollout/no_eos_fraction") for r in train[-5:]])
-    row["entropy_last5"] = _mean([r.get("actor/entropy") for r in train[-5:]])
-    m = METHODS.get(method)
-    uses_m2po = m.uses_m2po if m else any("m2po/masked_fraction" in r for r in train)
-    row["masked_or_clipped_fraction"] = (
-        row["mean_masked_fraction"] if uses_m2po else row["mean_clip_fraction"]
-    )
-    info_path = os.path.join(run_dir, "study_run.json")
-    if os.path.exists(info_path):
-        with open(info_path) as fh:
-            row["wall_s"] = round(float(json.load(fh).get("wall_s", float("nan"))), 1)
-    return row
-
-
-def planned_steps(run_dir: str, default: int) -> int:
-    """total_train_steps from the run's config.yaml (``default`` when it has none)."""
-    import yaml
-
-    path = os.path.join(run_dir, "config.yaml")
-    if os.path.exists(path):
-        with open(path) as fh:
-            steps = (yaml.safe_load(fh) or {}).get("total_train_steps")
-        if isinstance(steps, int):
-            return steps
-    return default
-
-
-def discover_runs(out_dir: str) -> list[tuple[str, str, int, int]]:
-    """(run_dir, method, staleness, seed) of every ``<method>_s<s>_seed<k>`` dir with metrics."""
-    found = []
-    if not os.path.isdir(out_dir):
-        return found
-    for name in sorted(os.listdir(out_dir)):
-        run_dir = os.path.join(out_dir, name)
-        if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-            continue
-        head, _, seed = name.rpartition("_seed")
-        method, _, s = head.rpartition("_s")
-        if not (method and s.isdigit() and seed.isdigit()):
-            continue
-        found.append((run_dir, method, int(s), int(seed)))
-    order = {m: i for i, m in enumerate(METHODS)}
-    found.sort(key=lambda f: (order.get(f[1], len(order)), f[1], f[2], f[3]))
-    return found
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.4f}"
-    return str(v)
-
-
-def write_csv(rows: Sequence[dict], path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _fmt(row[k]) for k in CSV_COLUMNS})
-
-
-def plot(runs: Sequence[tuple[str, str, int, int]], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    method_color: dict[str, str] = {}
-    styles = ("-", "--", ":", "-.")
-    seeds = sorted({seed for *_, seed in runs})
-    for run_dir, method, s, seed in runs:
-        records = read_metrics(run_dir)
-        color = method_color.setdefault(method, colors[len(method_color) % len(colors)])
-        ls = styles[seeds.index(seed) % len(styles)]
-        label = METHODS[method].label if method in METHODS else method
-        label = f"{label}, s={s}" + (f", seed {seed}" if len(seeds) > 1 else "")
-        ev = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
-        if ev:
-            axes[0].plot(*zip(*ev), color=color, ls=ls, marker="o", ms=4, label=label)
-        key = "m2po/masked_fraction" if method in METHODS and METHODS[method].uses_m2po else None
-        key = key or "actor/clip_fraction"
-        frac = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        if frac:
-            axes[1].plot(*zip(*frac), color=color, ls=ls, label=label)
-        grad = [(r["step"], r["actor/grad_norm"]) for r in records if "actor/grad_norm" in r]
-        if grad:
-            axes[2].plot(*zip(*grad), color=color, ls=ls, label=label)
-    axes[0].set_title("held-out greedy accuracy")
-    axes[1].set_title("M2PO masked fraction (M2PO arms) / clip fraction (others)")
-    axes[2].set_title("grad norm (before clipping)")
-    for ax in axes:
-        ax.set_xlabel("update")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-READING_START = "<!-- reading:start -->"
-READING_END = "<!-- reading:end -->"
-
-
-def _kept_reading(md_path: str) -> str:
-    """The hand-written reading between the markers of an existing report (kept on rewrite)."""
-    if not os.path.exists(md_path):
-        return ""
-    with open(md_path) as fh:
-        text = fh.read()
-    if READING_START in text and READING_END in text:
-        return text.split(READING_START, 1)[1].split(READING_END, 1)[0].strip("\n")
-    return ""
-
-
-def _num(x: Any, digits: int = 2) -> str:
-    return "" if x == "" or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _pct(x: Any) -> str:
-    return "" if x == "" or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
-
-
-def curve_table(rows: Sequence[dict]) -> list[str]:
-    """Held-out accuracy (%) at every evaluation, one row per run."""
-    curves = []
-    for r in rows:
-        records = read_metrics(r["run_dir"])
-        curves.append({int(x["step"]): x["eval/accuracy"] for x in records if "eval/accuracy" in x})
-    steps = sorted({s for c in curves for s in c})
-    if not steps:
-        return []
-    lines = [
-        "Held-out accuracy (%) at each evaluation:",
-        "",
-        "| method | s | seed | " + " | ".join(f"update {s}" for s in steps) + " |",
-        "|---|---|---|" + "---|" * len(steps),
-    ]
-    for r, c in zip(rows, curves):
-        cells = " | ".join(_pct(c[s]) if s in c else "" for s in steps)
-        lines.append(f"| {r['method']} | {r['staleness']} | {r['seed']} | {cells} |")
-    return lines
-
-
-def comparisons(rows: Sequence[dict]) -> list[str]:
-    """Differences to the on-policy run of the same seed, with their standard error."""
-    lines = []
-    base = {r["seed"]: r for r in rows if r["method"] == "grpo_onpolicy" and r["eval_n"]}
-    for r in rows:
-        b = base.get(r["seed"])
-        if r["method"] == "grpo_onpolicy" or b is None or not r["eval_n"]:
-            continue
-        se = math.sqrt(
-            sum(x["final_accuracy"] * (1 - x["final_accuracy"]) / x["eval_n"] for x in (r, b))
-        )
-        lines.append(
-            f"- {r['method']} (s={r['staleness']}, seed {r['seed']}): final "
-            f"{100 * (r['final_accuracy'] - b['final_accuracy']):+.1f} points vs on-policy "
-            f"(standard error of the difference {100 * se:.1f}), best "
-            f"{100 * (r['best_accuracy'] - b['best_accuracy']):+.1f} points."
-        )
-    return lines
-
-
-def write_md(
-    rows: Sequence[dict],
-    path: str,
-    *,
-    command: str,
-    settings: list[str],
-    png: str,
-    csv_path: str,
-    missing: list[str],
-) -> None:
-    reading = _kept_reading(path) or "(not written yet)"
-    out = ["# Stale-data study: GRPO vs M2PO on rollouts s updates old", ""]
-    out += [
-        "Generated by `scripts/stale_study.py` from the runs' metrics.jsonl; only the text "
-        "between the reading markers is written by hand.",
-        "",
-        "## Command",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        "## Settings",
-        "",
-        *settings,
-        "",
-        "## Methods",
-        "",
-        "| method | staleness | definition | config keys |",
-        "|---|---|---|---|",
-    ]
-    for name in dict.fromkeys(r["method"] for r in rows):
-        m = METHODS.get(name)
-        if m is None:
-            continue
-        s = sorted({r["staleness"] for r in rows if r["method"] == name})
-        keys = ", ".join(f"`{o}`" for o in m.overrides)
-        out.append(f"| {name} | {', '.join(map(str, s))} | {m.note} | {keys} |")
-    out += [
-        "",
-        "## Results",
-        "",
-        f"Accuracy in percent (greedy, held-out). {COLLAPSE_DEFINITION}. "
-        "masked/clipped = mean, over the updates with a learning signal (grad norm > 0), of "
-        "the M2PO masked-token fraction (M2PO arms) or the PPO clip fraction (GRPO arms; tokens "
-        "whose clipped branch is active). no-EOS % (last 5) = share of the rollouts trained on "
-        "in the last 5 updates that hit max_new_tokens without EOS. Full columns in "
-        f"`{os.path.basename(csv_path)}`.",
-        "",
-        "| method | s | seed | initial | final | best (update) | masked/clipped % | "
-        "collapsed | grad norm mean / max | no-EOS % (last 5) | entropy (last 5) | "
-        "updates (with signal) | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['method']} | {r['staleness']} | {r['seed']} | {_pct(r['initial_accuracy'])} | "
-            f"{_pct(r['final_accuracy'])} | {_pct(r['best_accuracy'])} ({r['best_step']}) | "
-            f"{_pct(r['masked_or_clipped_fraction'])} | {_fmt(r['collapsed'])} | "
-            f"{_num(r['mean_grad_norm'])} / {_num(r['max_grad_norm'])} | "
-            f"{_pct(r['no_eos_last5'])} | {_num(r['entropy_last5'])} | "
-            f"{r['steps_done']}/{r['steps_planned']} ({r['updates_with_signal']}) | "
-            f"{_num(r['wall_s'], 0)} |"
-        )
-    if missing:
-        out += ["", "Missing or incomplete runs: " + ", ".join(missing) + "."]
-    out += ["", *curve_table(rows)]
-    comp = comparisons(rows)
-    if comp:
-        out += ["", "Differences to on-policy GRPO (same seed):", "", *comp]
-    out += [
-        "",
-        f"![accuracy vs update]({os.path.basename(png)})",
-        "",
-        "## Reading",
-        "",
-        READING_START,
-        reading,
-        READING_END,
-        "",
-    ]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write("\n".join(out))
-
-
-SETTING_KEYS = (
-    ("actor.path", "model"),
-    ("actor.dtype", "dtype"),
-    ("actor.optimizer.lr", "learning rate (AdamW, constant)"),
-    ("actor.optimizer.gradient_clipping", "gradient clipping (global L2 norm)"),
-    ("actor.ppo_n_minibatches", "optimizer steps per batch"),
-    ("actor.kl_ctl", "KL coefficient"),
-    ("actor.adv_norm", "advantage normalisation"),
-    ("total_train_steps", "updates per run"),
-    ("train_dataset.path", "train prompts"),
-    ("train_dataset.batch_size", "prompts per update"),
-    ("gconfig.n_samples", "samples per prompt"),
-    ("gconfig.max_new_tokens", "max new tokens"),
-    ("gconfig.temperature", "sampling temperature"),
-    ("valid_dataset.path", "eval prompts"),
-    ("valid_dataset.split", "eval split"),
-    ("valid_dataset.max_samples", "eval problems (greedy)"),
-    ("evaluator.freq_steps", "evaluate every N updates (and at start/end)"),
-    ("reward.path", "reward"),
-    ("seed", "seed"),
-    ("num_threads", "torch threads per run"),
-)
-
-
-def _get(tree: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
-
-
-def settings_from_runs(runs: Sequence[tuple[str, str, int, int]]) -> list[str]:
-    """The shared settings, read from each run's own config.yaml (what was really used)."""
-    import yaml
-
-    configs = []
-    for run_dir, *_ in runs:
-        path = os.path.join(run_dir, "config.yaml")
-        if os.path.exists(path):
-            with open(path) as fh:
-                configs.append(yaml.safe_load(fh))
-    if not configs:
-        return ["- (no run config.yaml found)"]
-    lines = []
-    for key, label in SETTING_KEYS:
-        values = list(dict.fromkeys(json.dumps(_get(c, key), sort_keys=True) for c in configs))
-        shown = " / ".join(values) if len(values) > 1 else values[0]
-        note = " (differs between runs)" if len(values) > 1 else ""
-        lines.append(f"- {label} (`{key}`): `{shown}`{note}")
-    stale = sorted({int(_get(c, "rollout.staleness") or 0) for c in configs})
-    lines.append(
-        f"- staleness (`rollout.staleness`): {', '.join(map(str, stale))} - exact: the batch "
-        "trained at update t was generated by the policy of update t - s; the first s updates "
-        "train on rollouts of the initial policy"
-    )
-    return lines
-
-
-def study_wall_time(runs: Sequence[tuple[str, str, int, int]]) -> str:
-    """First run start to last run end, from the runs' study_run.json."""
-    infos = []
-    for run_dir, *_ in runs:
-        path = os.path.join(run_dir, "study_run.json")
-        if os.path.exists(path):
-            with open(path) as fh:
-                infos.append(json.load(fh))
-    infos = [i for i in infos if "start" in i and "end" in i]
-    if not infos:
-        return ""
-    span = max(i["end"] for i in infos) - min(i["start"] for i in infos)
-    total = sum(i.get("wall_s", 0.0) for i in infos)
-    return (
-        f"- wall time: {span / 60:.1f} min from the first run's start to the last run's end "
-        f"({total / 60:.1f} run-minutes in all)"
-    )
-
-
-COMMAND_FILE = "study_command.txt"
-
-
-def summarise(args: argparse.Namespace, command: str) -> list[dict]:
-    runs = discover_runs(args.out_dir)
-    if args.replot_filter:
-        wanted = {(s.method, s.staleness, s.seed) for s in build_specs(args)}
-        runs = [r for r in runs if (r[1], r[2], r[3]) in wanted]
-    rows = [summarise_run(d, m, s, seed, planned_steps(d, args.steps)) for d, m, s, seed in runs]
-    present = {(r["method"], r["staleness"], r["seed"]) for r in rows}
-    missing = [s.name for s in build_specs(args) if (s.method, s.staleness, s.seed) not in present]
-    missing += [
-        f"{r['method']}_s{r['staleness']}_seed{r['seed']} (stopped at update {r['steps_done']})"
-        for r in rows
-        if r["steps_done"] < r["steps_planned"]
-    ]
-    write_csv(rows, args.csv)
-    title = f"{args.model}: held-out accuracy vs update, staleness {args.staleness}"
-    plot(runs, args.png, title)
-    settings = settings_from_runs(runs)
-    settings.append(
-        f"- {args.parallel} run(s) at a time, {args.threads or 'default'} torch thread(s) each "
-        f"(as given to this invocation)"
-    )
-    wall = study_wall_time(runs)
-    if wall:
-        settings.append(wall)
-    shown = command
-    command_file = os.path.join(args.out_dir, COMMAND_FILE)
-    if os.path.exists(command_file):  # the invocations that trained the runs
-        with open(command_file) as fh:
-            shown = fh.read().strip()
-        if args.replot:
-            shown += "\n# summary regenerated with:\n" + command
-    write_md(
-        rows,
-        args.md,
-        command=shown,
-        settings=settings,
-        png=args.png,
-        csv_path=args.csv,
-        missing=missing,
-    )
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -825,81 +78,113 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="actor.path")
-    p.add_argument("--dtype", default="float32", help="actor.dtype")
-    p.add_argument("--train-dataset", default="builtin:arithmetic", help="train_dataset.path")
-    p.add_argument("--valid-dataset", default="builtin:arithmetic", help="valid_dataset.path")
-    p.add_argument("--valid-split", default="test", help="valid_dataset.split")
-    p.add_argument(
-        "--reward", default="areal_m2po.reward.math_reward:math_reward_fn", help="reward.path"
-    )
-    p.add_argument("--steps", type=int, default=25, help="updates per run")
-    p.add_argument("--staleness", type=int, default=4, help="s for the stale arms")
-    p.add_argument(
-        "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help=f"comma-separated, from {', '.join(METHODS)}",
-    )
-    p.add_argument("--seeds", default="1", help="comma-separated seeds")
-    p.add_argument("--batch-size", type=int, default=4, help="prompts per update")
-    p.add_argument("--n-samples", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=12)
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--eval-size", type=int, default=64, help="held-out problems")
-    p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--eval-every", type=int, default=5, help="evaluate every N updates")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per run (0: default)")
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=2,
-        help="runs at a time, each its own process (1 without --launcher: in this process)",
-    )
+    p.add_argument("--arms-file", default=ARMS_FILE, help="the arms and default settings")
+    for name, (typ, help_) in SETTING_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_)
     p.add_argument(
         "--launcher",
         default="",
         help="command that starts a run instead of this Python, e.g. "
         "'accelerate launch --num_processes 4' (multi-GPU)",
     )
+    p.add_argument("--devices-per-run", type=int, default=0, help="GPUs per concurrent run")
     p.add_argument(
-        "--devices-per-run",
-        type=int,
-        default=0,
-        help="GPUs per concurrent run: each gets its own CUDA_VISIBLE_DEVICES block (0: leave it)",
+        "--work-dir",
+        default="~/.cache/areal_m2po/stale_study_r2",
+        help="runs train here (recover checkpoints: keep it outside the git tree)",
     )
-    p.add_argument("--out-dir", default="outputs/stale_study", help="one sub-dir per run")
+    p.add_argument("--archive-dir", default="docs/stale_study/runs", help="finished runs' files")
     p.add_argument("--csv", default="docs/stale_study.csv")
     p.add_argument("--png", default="docs/stale_study.png")
     p.add_argument("--md", default="docs/stale_study.md")
+    p.add_argument("--round1-csv", default="docs/stale_study/round1.csv", help="round-1 pilot")
     p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra config override for every run (repeatable), e.g. actor.mb_spec.n_mbs=4",
+        "--pilot-staleness",
+        default=None,
+        help="comma-separated s of the staleness pilot ('' for none; default: arms.yaml)",
     )
-    p.add_argument("--force", action="store_true", help="rerun runs that are already complete")
-    p.add_argument(
-        "--replot", action="store_true", help="only summarise the run dirs under --out-dir"
-    )
-    p.add_argument(
-        "--replot-all",
-        dest="replot_filter",
-        action="store_false",
-        help="with --replot: include every run dir found, not only those of --methods/--seeds",
-    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--force", action="store_true", help="rerun finished runs from scratch")
+    p.add_argument("--replot", action="store_true", help="archive finished runs and re-report")
     args = p.parse_args(argv)
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in args.methods if m not in METHODS]
+    try:
+        args.arm_defs, defaults = load_arms_file(args.arms_file)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    for name in SETTING_FLAGS:
+        if getattr(args, name) is None:
+            if name not in defaults:
+                p.error(f"--{name.replace('_', '-')} not given and not in {args.arms_file}")
+            setattr(args, name, SETTING_FLAGS[name][0](defaults[name]))
+    args.arms = [a.strip() for a in str(args.arms).split(",") if a.strip()]
+    unknown = [a for a in args.arms if a not in args.arm_defs]
     if unknown:
-        p.error(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+        p.error(f"unknown arm(s) {unknown}; {args.arms_file} has {list(args.arm_defs)}")
     args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    if args.parallel < 1:
-        p.error("--parallel must be >= 1")
-    if args.staleness < 0 or args.steps < 1:
-        p.error("--staleness must be >= 0 and --steps >= 1")
-    args.threads = args.threads or None
+    pilot = defaults["pilot"]
+    args.pilot_arm = args.arm_defs[pilot.arm] if pilot else None
+    if args.pilot_staleness is None:
+        args.pilot_staleness = list(pilot.staleness) if pilot else []
+    else:
+        args.pilot_staleness = [int(s) for s in args.pilot_staleness.split(",") if s.strip()]
+    if args.pilot_staleness and args.pilot_arm is None:
+        p.error(f"--pilot-staleness needs a 'pilot' entry naming its arm in {args.arms_file}")
+    if args.parallel < 1 or args.staleness < 0 or args.steps < 1:
+        p.error("--parallel and --steps must be >= 1, --staleness >= 0")
+    args.work_dir = os.path.expanduser(args.work_dir)
     return args
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    return Settings(
+        **{k: getattr(args, k) for k in SETTING_FLAGS if k in Settings.__dataclass_fields__},
+        extra=tuple(args.set),
+    )
+
+
+def archive_finished(work_dir: str, archive_dir: str) -> None:
+    """Copy every finished run under ``work_dir`` (and the commands file) to ``archive_dir``."""
+    for run_dir in discover([work_dir]).values():
+        if is_done(run_dir):
+            archive_run(run_dir, archive_dir)
+    src = os.path.join(work_dir, COMMANDS_FILE)
+    if os.path.exists(src):
+        os.makedirs(archive_dir, exist_ok=True)
+        shutil.copy2(src, os.path.join(archive_dir, COMMANDS_FILE))
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path) as fh:
+        return fh.read()
+
+
+def planned(args: argparse.Namespace) -> list:
+    """The (arm, run key) pairs of this invocation, in start order."""
+    arms = [args.arm_defs[a] for a in args.arms]
+    return plan(arms, args.staleness, args.seeds, args.pilot_arm, args.pilot_staleness)
+
+
+def report(args: argparse.Namespace, command: str) -> int:
+    arms = [args.arm_defs[a] for a in args.arms]
+    pilot = (args.pilot_arm, args.pilot_staleness)
+    inp = ReportInputs(
+        arms=args.arm_defs,
+        study_arms=args.arms,
+        staleness=args.staleness,
+        seeds=args.seeds,
+        steps=args.steps,
+        roots=[args.archive_dir, args.work_dir],
+        csv=args.csv,
+        png=args.png,
+        md=args.md,
+        round1_csv=args.round1_csv,
+        commands=_read(os.path.join(args.archive_dir, COMMANDS_FILE)),
+        model=args.model,
+        pilot=[k.name for _, k in plan_pilot(arms, args.staleness, args.seeds, *pilot)],
+    )
+    return len(write_report(inp, command))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -909,21 +194,36 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     status: dict[str, int] = {}
     if not args.replot:
-        specs = build_specs(args)
-        # fail fast on a bad config, before any run starts
+        specs = build_specs(settings(args), planned(args), args.work_dir)
         from areal_m2po.api.config_loader import load_config
 
-        for spec in specs:
+        for spec in specs:  # fail fast on a bad config, before any run starts
             load_config(list(spec.overrides))
-        os.makedirs(args.out_dir, exist_ok=True)
-        # appended: every invocation that trained runs into this dir is listed
-        with open(os.path.join(args.out_dir, COMMAND_FILE), "a") as fh:
+        try:
+            todo = pending(specs, args.archive_dir, args.steps, args.force)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        commit = code_commit()
+        os.makedirs(args.work_dir, exist_ok=True)
+        with open(os.path.join(args.work_dir, COMMANDS_FILE), "a") as fh:
+            fh.write(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}\n")
             fh.write(f"cd {os.getcwd()}\n{command}\n")
-        status = run_all(specs, args)
-    rows = summarise(args, command)
+        opts = RunOptions(
+            in_process=args.parallel == 1 and not args.launcher and not args.devices_per_run,
+            launcher=args.launcher,
+            threads=args.threads or None,
+            archive_dir=args.archive_dir,
+            commit=commit,
+            parallel=args.parallel,
+            devices_per_run=args.devices_per_run,
+        )
+        status = run_all(todo, args.steps, opts)
+    archive_finished(args.work_dir, args.archive_dir)
+    n = report(args, command)
     failed = {k: v for k, v in status.items() if v != 0}
     print(
-        f"[stale_study] {len(rows)} run(s) summarised into {args.csv}, {args.png}, {args.md} "
+        f"[stale_study] {n} run(s) summarised into {args.csv}, {args.png}, {args.md} "
         f"({time.perf_counter() - t0:.0f}s)" + (f"; failed: {failed}" if failed else ""),
         flush=True,
     )
