@@ -247,6 +247,8 @@ def test_verdict_rules(study):
     assert V.grpo_degrades(diff(0.01, 0.01, -0.03, 0.05))[0] == "not reproduced"
     assert V.grpo_degrades(diff(-0.05, 0.03, -0.18, 0.08))[0] == "inconclusive at this power"
     assert V.m2po_matches_onpolicy(diff(0.0, 0.01, -0.04, 0.04))[0] == "reproduced"
+    assert V.m2po_matches_onpolicy(diff(0.2, 0.01, 0.1, 0.3))[0] == "reproduced"  # above
+    assert V.m2po_matches_onpolicy(diff(-0.1, 0.05, -0.3, 0.1))[0] == "inconclusive at this power"
     assert V.m2po_matches_onpolicy(diff(-0.2, 0.02, -0.3, -0.1))[0] == "not reproduced"
     assert V.m2po_beats_grpo(diff(0.1, 0.02, 0.01, 0.19))[0] == "reproduced"
     arm = {"collapsed": 0, "n": 3}

@@ -74,6 +74,8 @@ def common_overrides(st: Settings) -> list[str]:
         "actor.ppo_n_minibatches=1",
         "actor.kl_ctl=0.0",
         "actor.skip_zero_adv_seqs=true",
+        "actor.adv_norm_weighting=sequence",
+        "actor.loss_agg_mode=token-mean",
         f"total_train_steps={st.steps}",
         f"train_dataset.path={st.train_dataset}",
         f"train_dataset.batch_size={st.batch_size}",

@@ -2,8 +2,8 @@
 
 The rules (stated in the report too): a claim is judged only when every arm it involves has
 all its planned seeds finished (and at least two); a difference is "significant" when its 95%
-paired t interval excludes 0; "near" means the interval lies inside +-MARGIN (half of the
-paper's own GRPO drop, 50.7 -> 40.1 points at s=256).
+paired t interval excludes 0; a loss "larger than MARGIN is excluded" when the interval's lower
+end is above -MARGIN (half of the paper's own GRPO drop, 50.7 -> 40.1 points at s=256).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def noclip_collapses(arm: dict[str, Any], d_best: dict[str, Any]) -> tuple[str, 
 
 
 def m2po_matches_onpolicy(d: dict[str, Any]) -> tuple[str, str]:
-    """M2PO at staleness s ends within +-MARGIN of on-policy GRPO."""
+    """M2PO at staleness s loses no more than MARGIN against on-policy GRPO (non-inferiority)."""
     why = f"final accuracy M2PO - on-policy: {_interval(d)}"
-    if d["lo"] > -MARGIN and d["hi"] < MARGIN:
-        return "reproduced", why + f"; inside +-{100 * MARGIN:.0f} points"
+    if d["lo"] > -MARGIN:
+        return "reproduced", why + f"; a loss larger than {100 * MARGIN:.0f} points is excluded"
     if d["hi"] < 0:
         return "not reproduced", why + "; significantly below on-policy"
     return "inconclusive at this power", why
