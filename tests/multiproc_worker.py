@@ -1,12 +1,13 @@
 """One PPO update of the tiny model on a fixed global batch, in 1 or N processes.
 
     python tests/multiproc_worker.py OUT.pt                                  # one process
-    accelerate launch --multi_gpu --num_processes 2 tests/multiproc_worker.py OUT.pt
+    accelerate launch --multi_gpu --num_processes 2 tests/multiproc_worker.py OUT.pt [fsdp2]
 
 Every process builds the same global batch (seeded, independent of the rank) with stale
 behaviour log-probs, so M2PO masks some tokens, and keeps its contiguous share of whole groups,
 as the trainer does. Rank 0 writes the update's stats, the global M2PO mask and the updated
-weights to OUT.pt; ``tests/test_multiproc.py`` compares the 1- and 2-process results.
+weights to OUT.pt; ``tests/test_multiproc.py`` compares the 1- and 2-process results. With
+``fsdp2`` the policy is sharded over the processes (``actor.backend=fsdp2``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def build_global_batch(vocab: int) -> dict[str, torch.Tensor]:
     }
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, backend: str = "ddp") -> None:
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
@@ -74,6 +75,7 @@ def main(out_path: str) -> None:
         ppo_n_minibatches=1,  # minibatches are cut per rank: only one is rank-invariant
         mb_spec=MicroBatchSpec(n_mbs=2),
         optimizer=OptimizerConfig(type="sgd", lr=0.1, beta1=0.0),
+        backend=backend,
     )
     engine = HFTrainEngine(cfg, accelerator, total_steps=2)
     actor = actor_mod.PPOActor(cfg, engine, group_size=GROUP, max_new_tokens=COMPLETION_MAX)
@@ -86,7 +88,7 @@ def main(out_path: str) -> None:
     batch["logprobs"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
     actor.compute_advantages(batch)
 
-    initial = {k: v.detach().clone() for k, v in engine.unwrapped.state_dict().items()}
+    initial = {k: v.clone() for k, v in engine.state_dict_for_sync().items()}
     masks: list[torch.Tensor] = []
     real = actor_mod.global_m2po_mask
 
@@ -107,7 +109,7 @@ def main(out_path: str) -> None:
         "world": world,
         "stats": stats,
         "masks": gathered,
-        "state": {k: v.detach().clone() for k, v in engine.unwrapped.state_dict().items()},
+        "state": {k: v.clone() for k, v in engine.state_dict_for_sync().items()},
         "initial": initial,
         "n_valid_local": int(batch["loss_mask"].sum()),
     }
@@ -119,6 +121,13 @@ def main(out_path: str) -> None:
         uneven_actor = actor_mod.PPOActor(uneven_cfg, engine, GROUP, COMPLETION_MAX)
         rows = torch.arange(GROUP * (2 if rank == 0 else 1))
         result["uneven_stats"] = uneven_actor.ppo_update(select_rows(batch, rows))
+        # rank 1 holds one row: one micro-batch to rank 0's two (fsdp2: an idle forward and
+        # backward keep it in step)
+        rows = torch.arange(GROUP if rank == 0 else 1)
+        result["uneven_mb_stats"] = uneven_actor.ppo_update(select_rows(batch, rows))
+        result["state_after_uneven"] = {
+            k: v.clone() for k, v in engine.state_dict_for_sync().items()
+        }
         result.update(empty_rank_updates(actor, batch, rank))
     if rank == 0:
         torch.save(result, out_path)
@@ -143,7 +152,8 @@ def empty_rank_updates(actor, batch: dict[str, torch.Tensor], rank: int) -> dict
     from areal_m2po.utils import dist
 
     def checksum() -> float:
-        return float(sum(p.double().sum() for p in actor.engine.unwrapped.parameters()))
+        # full tensors: the same sum whether the weights are sharded or not
+        return float(sum(v.double().sum() for v in actor.engine.state_dict_for_sync().values()))
 
     out: dict[str, object] = {}
     one_empty = _without_tokens(batch) if rank == 1 else batch
@@ -158,4 +168,4 @@ def empty_rank_updates(actor, batch: dict[str, torch.Tensor], rank: int) -> dict
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -79,17 +79,8 @@ def _popen(cmd: list[str], cwd: Path) -> subprocess.Popen:
     )
 
 
-def test_one_update_equal_with_one_and_two_processes(tmp_path):
-    worker = str(TESTS / "multiproc_worker.py")
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    _check(
-        [
-            _popen([sys.executable, worker, str(one)], tmp_path),
-            _popen([*_launch(2), worker, str(two)], tmp_path),
-        ]
-    )
-    a = torch.load(one, weights_only=False)
-    b = torch.load(two, weights_only=False)
+def _assert_same_update(a: dict, b: dict) -> None:
+    """1-process result ``a`` and 2-process result ``b`` of the same update agree."""
     assert (a["world"], b["world"]) == (1, 2)
     sa, sb = a["stats"], b["stats"]
     assert sa.keys() == sb.keys()
@@ -107,6 +98,7 @@ def test_one_update_equal_with_one_and_two_processes(tmp_path):
     assert mask_one.shape == mask_two.shape and torch.equal(mask_one, mask_two)
     # the two ranks held different numbers of valid tokens (the denominator must be global)
     assert b["n_valid_local"] * 2 != sa["m2po/n_valid"]
+    assert a["state"].keys() == b["state"].keys()
     for name, w in a["state"].items():
         torch.testing.assert_close(b["state"][name], w, rtol=1e-5, atol=1e-6, msg=name)
     # ranks holding different numbers of groups took the same optimizer steps (no hang)
@@ -124,6 +116,29 @@ def test_one_update_equal_with_one_and_two_processes(tmp_path):
     (one_0, none_0), (one_1, none_1) = b["empty_checksums"]
     assert one_0 == one_1 and none_0 == none_1
     assert none_0 == one_0  # the empty step left the weights unchanged
+
+
+def test_one_update_equal_with_one_and_two_processes(tmp_path):
+    """One process, two with DDP and two with FSDP2 (actor.backend=fsdp2) give one update."""
+    worker = str(TESTS / "multiproc_worker.py")
+    one, ddp, fsdp2 = tmp_path / "one.pt", tmp_path / "ddp.pt", tmp_path / "fsdp2.pt"
+    _check(
+        [
+            _popen([sys.executable, worker, str(one)], tmp_path),
+            _popen([*_launch(2), worker, str(ddp)], tmp_path),
+            _popen([*_launch(2), worker, str(fsdp2), "fsdp2"], tmp_path),
+        ]
+    )
+    a, d, f = (torch.load(p, weights_only=False) for p in (one, ddp, fsdp2))
+    _assert_same_update(a, d)
+    _assert_same_update(a, f)
+    # uneven groups, and uneven micro-batch counts (rank 1: one micro-batch, rank 0: two; the
+    # sharded rank 1 runs an idle forward/backward): FSDP2 takes DDP's step
+    for key in ("uneven_stats", "uneven_mb_stats"):
+        for stat in ("actor/loss", "actor/grad_norm"):
+            assert math.isclose(d[key][stat], f[key][stat], rel_tol=1e-5, abs_tol=1e-7), stat
+    for name, w in d["state_after_uneven"].items():
+        torch.testing.assert_close(f["state_after_uneven"][name], w, rtol=1e-5, atol=1e-6)
 
 
 def _train_cmd(out: Path, steps: int, *extra: str) -> list[str]:

@@ -22,6 +22,7 @@ __all__ = [
     "ConfigError",
     "OptimizerConfig",
     "MicroBatchSpec",
+    "FSDPEngineConfig",
     "TrainEngineConfig",
     "NormConfig",
     "RejectionSamplingConfig",
@@ -210,6 +211,51 @@ class MicroBatchSpec:
         )
 
 
+BACKENDS = ("ddp", "fsdp2")
+
+
+@dataclass
+class FSDPEngineConfig:
+    """FSDP2 settings (``torch.distributed.fsdp.fully_shard``), used with ``backend: fsdp2``."""
+
+    reshard_after_forward: bool = _field(
+        True,
+        "Free each layer's gathered parameters after its forward and gather them again for the "
+        "backward (less memory, one more all-gather per layer).",
+    )
+    param_dtype: str | None = _field(
+        None,
+        "Mixed precision: dtype the parameters are gathered and computed in "
+        "(MixedPrecisionPolicy.param_dtype; null: their own dtype). bfloat16 on GPUs.",
+        choices=(*DTYPES, None),
+    )
+    reduce_dtype: str | None = _field(
+        None,
+        "Mixed precision: dtype of the gradient reduce-scatter (null: param_dtype). float32 "
+        "with bfloat16 parameters on GPUs.",
+        choices=(*DTYPES, None),
+    )
+    offload_params: bool = _field(
+        False,
+        "Keep the sharded parameters, gradients and optimizer state in CPU memory "
+        "(CPUOffloadPolicy; the optimizer step runs on the CPU). Needs GPUs.",
+    )
+    accumulate_unsharded_grads: bool = _field(
+        False,
+        "Skip the gradient reduce-scatter on all but the last micro-batch "
+        "(set_requires_gradient_sync(False)): less communication, but every rank holds "
+        "full-size gradients until the last micro-batch.",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        for name in ("reshard_after_forward", "offload_params", "accumulate_unsharded_grads"):
+            _check_bool(name, getattr(self, name))
+
+    def is_default(self) -> bool:
+        return self == FSDPEngineConfig()
+
+
 @dataclass
 class TrainEngineConfig:
     """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
@@ -225,6 +271,15 @@ class TrainEngineConfig:
         "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
     )
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+    backend: str = _field(
+        "ddp",
+        "Data parallelism over the processes of `accelerate launch`: 'ddp' (every process holds "
+        "the whole model, its gradients and optimizer state) or 'fsdp2' (all three sharded "
+        "over the processes with torch.distributed.fsdp.fully_shard, one unit per decoder "
+        "layer plus the root; needs `accelerate launch --multi_gpu --num_processes N`, N >= 2).",
+        choices=BACKENDS,
+    )
+    fsdp: FSDPEngineConfig = _section(FSDPEngineConfig, "FSDP2 settings (backend: fsdp2).")
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
     mb_spec: MicroBatchSpec = _section(MicroBatchSpec, "Micro-batch split settings.")
 
@@ -234,8 +289,19 @@ class TrainEngineConfig:
         if not self.path:
             raise ConfigError("path", "must not be empty")
         _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        _validate_section(self, "fsdp", FSDPEngineConfig)
         _validate_section(self, "optimizer", OptimizerConfig)
         _validate_section(self, "mb_spec", MicroBatchSpec)
+        if self.backend != "fsdp2" and not self.fsdp.is_default():
+            changed = [
+                f.name
+                for f in fields(self.fsdp)
+                if getattr(self.fsdp, f.name) != getattr(FSDPEngineConfig(), f.name)
+            ]
+            raise ConfigError(
+                f"fsdp.{changed[0]}",
+                f"only applies with backend=fsdp2 (backend is {self.backend!r})",
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -47,10 +48,25 @@ class RolloutEngine:
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
 
     @torch.no_grad()
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Load the trainer's current weights; tokens generated from now on carry ``version``."""
+    def update_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        version: int,
+    ) -> None:
+        """Load the trainer's current weights; tokens generated from now on carry ``version``.
+
+        ``state_dict`` is a mapping or an iterable of ``(name, tensor)`` pairs consumed once
+        (e.g. full tensors gathered one at a time from a sharded policy), so no second full
+        copy of the weights need exist at once.
+        """
         own = self.model.state_dict()
-        missing = [name for name in own if name not in state_dict]
+        pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+        seen: set[str] = set()
+        for name, value in pairs:
+            if name in own:
+                own[name].copy_(value.to(own[name].device, own[name].dtype))
+                seen.add(name)
+        missing = [name for name in own if name not in seen]
         # tied weights (lm_head = embeddings) may be listed under one name only
         missing = [n for n in missing if not _is_tied_alias(self.model, n)]
         if missing:
@@ -58,9 +74,6 @@ class RolloutEngine:
                 f"rollout weight sync got no value for {len(missing)} tensors (e.g. "
                 f"{missing[0]!r}); the behaviour policy would silently keep old weights"
             )
-        for name, value in state_dict.items():
-            if name in own:
-                own[name].copy_(value.to(own[name].device, own[name].dtype))
         self.version = version
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

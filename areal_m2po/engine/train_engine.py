@@ -8,15 +8,17 @@ gradient accumulation with global token weighting, clipping and the optimizer st
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 
 from areal_m2po.api.cli_args import TrainEngineConfig
+from areal_m2po.engine import fsdp
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.packing import is_flash_attention, pack_micro_batch
 from areal_m2po.utils import dist
@@ -248,6 +250,11 @@ class HFTrainEngine:
         model: an already-built model instead of loading ``config.path`` (e.g. a critic).
         trainable: False for a frozen model (the reference policy): no optimizer.
         forward_fn: how a micro-batch becomes per-token outputs (default: log-probs).
+
+    With ``config.backend == "fsdp2"`` the model is sharded with :func:`fsdp.shard_model` on
+    the process group Accelerate set up (it is not handed to ``accelerator.prepare``), the
+    optimizer holds this rank's shards, and every forward/backward is a collective: ranks with
+    fewer micro-batches, or with a micro-batch that has nothing to score, run idle forwards.
     """
 
     def __init__(
@@ -267,6 +274,8 @@ class HFTrainEngine:
         self.forward_fn: ForwardFn = forward_fn
         self.accelerator = accelerator
         self.version = 0
+        self.sharded = config.backend == "fsdp2"
+        self._n_forward = 0  # calls of the model's forward (sharded: keeps ranks in step)
         raw = (
             model
             if model is not None
@@ -276,12 +285,14 @@ class HFTrainEngine:
         if not trainable:
             raw.requires_grad_(False)
             raw.eval()
-            self.model = raw.to(accelerator.device)
+            self.model = self._place(raw)
             self.optimizer = None
             self.scheduler = None
             return
         if config.gradient_checkpointing:
             raw.gradient_checkpointing_enable()
+        if self.sharded:
+            raw = self._place(raw)
         opt_cfg = config.optimizer
         params = [p for p in raw.parameters() if p.requires_grad]
         if opt_cfg.type == "adamw":
@@ -305,8 +316,54 @@ class HFTrainEngine:
             num_training_steps=max(total_steps, 1),
         )
         # The scheduler stays unwrapped: Accelerate's wrapper steps it once per process.
-        self.model, self.optimizer = accelerator.prepare(raw, optimizer)
+        if self.sharded:
+            self.model, self.optimizer = raw, optimizer
+        else:
+            self.model, self.optimizer = accelerator.prepare(raw, optimizer)
         self.scheduler = scheduler
+
+    def _place(self, raw: torch.nn.Module) -> torch.nn.Module:
+        """The model on this process's device; sharded over all processes with fsdp2."""
+        if not self.sharded:
+            return raw.to(self.accelerator.device)
+        model = fsdp.shard_model(raw, self.config.fsdp, self.accelerator.device)
+
+        def count(*_: Any) -> None:
+            self._n_forward += 1
+
+        model.register_forward_pre_hook(count)
+        return model
+
+    def _idle_micro_batches(self, n_local: int) -> int:
+        """Idle forwards this rank adds so that every rank runs as many forwards (fsdp2)."""
+        if not self.sharded:
+            return 0
+        most = int(dist.all_reduce_max(torch.tensor([float(n_local)]))[0])
+        return most - n_local
+
+    def _forward(
+        self, mb: Batch, temperature: float, compute_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_fn`` on one micro-batch; a sharded model is always called exactly once
+        (an idle forward when ``forward_fn`` had nothing to score), tying the zero output to
+        the graph so the backward runs the gradient reduce-scatter with the other ranks."""
+        before = self._n_forward
+        out, aux = self.forward_fn(self.model, mb, temperature, compute_entropy)
+        if self.sharded and self._n_forward == before:
+            out = out + fsdp.idle_forward(self.model, self.device)
+        return out, aux
+
+    def _grad_sync(self, enabled: bool) -> Any:
+        """A context in which the backward reduces gradients over ranks only if ``enabled``."""
+        if not self.sharded:
+            return contextlib.nullcontext() if enabled else self.accelerator.no_sync(self.model)
+        fsdp.set_grad_sync(self.model, enabled or not self.config.fsdp.accumulate_unsharded_grads)
+        return contextlib.nullcontext()
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        if self.sharded:
+            return fsdp.clip_grad_norm(list(self.model.parameters()), max_norm)
+        return self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -343,9 +400,11 @@ class HFTrainEngine:
         ent = torch.zeros(b, t, dtype=torch.float32)
         for idx in idx_list:
             mb = {k: v.index_select(0, idx).to(self.device) for k, v in batch.items()}
-            mb_logp, mb_ent = self.forward_fn(self.model, mb, temperature, compute_entropy)
+            mb_logp, mb_ent = self._forward(mb, temperature, compute_entropy)
             logp[idx] = mb_logp.cpu()
             ent[idx] = mb_ent.cpu()
+        for _ in range(self._idle_micro_batches(len(idx_list))):
+            fsdp.idle_forward(self.model, self.device)
         return logp, ent
 
     def _forward_packed_checked(
@@ -367,22 +426,35 @@ class HFTrainEngine:
         None (check later) when the micro-batch has nothing to score.
         """
         rows = torch.nonzero(mb["loss_mask"].any(-1)).flatten()[:4]
-        if rows.numel() == 0:
+        if rows.numel() == 0 and not self.sharded:
             return None
         sub = {k: v.index_select(0, rows) for k, v in mb.items() if v.dim() >= 1}
         was_training = model.training
         model.eval()
         try:
-            padded, _ = forward_logprobs(model, sub, temperature, False)
-            packed, _ = forward_logprobs_packed(model, sub, temperature, False, single_row=True)
+            if rows.numel() == 0:  # sharded: two forwards in step with the other ranks
+                diff = math.nan
+                for _ in range(2):
+                    fsdp.idle_forward(model, self.device)
+            else:
+                padded, _ = forward_logprobs(model, sub, temperature, False)
+                packed, _ = forward_logprobs_packed(model, sub, temperature, False, single_row=True)
+                mask = sub["loss_mask"]
+                diff = float((padded[mask] - packed[mask]).abs().max())
         finally:
             model.train(was_training)
-        mask = sub["loss_mask"]
-        diff = float((padded[mask] - packed[mask]).abs().max())
-        low_precision = self.accelerator.mixed_precision != "no" or any(
-            p.dtype != torch.float32 for p in model.parameters()
+        low_precision = (
+            self.accelerator.mixed_precision != "no"
+            or self.config.fsdp.param_dtype not in (None, "float32")
+            or any(p.dtype != torch.float32 for p in model.parameters())
         )
         tol = 5e-2 if low_precision else 1e-3
+        if self.sharded:  # one verdict for all ranks: 0 none yet, 1 packing ok, 2 not ok
+            local = 0.0 if math.isnan(diff) else (1.0 if diff <= tol else 2.0)
+            verdict = float(dist.all_reduce_max(torch.tensor([local]))[0])
+            if verdict == 0.0:
+                return None
+            diff = diff if verdict == 1.0 or diff > tol else math.inf
         if diff > tol:
             logger.warning(
                 "mb_spec.packing: packed log-probs differ from the padded ones by %.3g on this "
@@ -435,12 +507,12 @@ class HFTrainEngine:
         stat_sums: dict[str, torch.Tensor | float] = {}
         stat_weight = 0.0
         loss_total: torch.Tensor | float = 0.0
+        n_idle = self._idle_micro_batches(len(mbs))
         for i, mb in enumerate(mbs):
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            last = i == len(mbs) - 1
-            sync_ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
-            with sync_ctx:
-                logp, ent = self.forward_fn(self.model, mb, temperature, True)
+            last = i == len(mbs) - 1 and n_idle == 0
+            with self._grad_sync(last):
+                logp, ent = self._forward(mb, temperature, True)
                 loss, stats = loss_fn(logp, ent, mb)
                 loss = _with_graph(loss, logp)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
@@ -449,10 +521,11 @@ class HFTrainEngine:
             stat_weight += weights[i]
             for k, v in stats.items():
                 stat_sums[k] = stat_sums.get(k, 0.0) + _as_f64(v) * weights[i]
+        for j in range(n_idle):  # sharded: backwards in step with ranks holding more
+            with self._grad_sync(j == n_idle - 1):
+                self.accelerator.backward(fsdp.idle_forward(self.model, self.device))
         clip = self.config.optimizer.gradient_clipping
-        grad_norm = self.accelerator.clip_grad_norm_(
-            self.model.parameters(), clip if clip > 0 else math.inf
-        )
+        grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
         # loss stats and the skip decision are global: every rank takes (or skips) the same step
         keys = sorted(stat_sums)
         values = [grad_norm, loss_total] + [stat_sums[k] for k in keys]
@@ -493,33 +566,84 @@ class HFTrainEngine:
 
     # -- state --------------------------------------------------------------------------------
 
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` of every model state entry, one at a time (for the rollout
+        engine). Sharded: gathered one tensor at a time; a collective every rank must consume
+        to the end."""
+        if self.sharded:
+            return fsdp.iter_full_tensors(self.model)
+        return iter(self.unwrapped.state_dict().items())
+
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) model weights, for the rollout engine."""
-        return self.accelerator.get_state_dict(self.model, unwrap=True)
+        """Full (unsharded) model weights on every rank (a collective when sharded)."""
+        return dict(self.full_tensors())
+
+    def build_full_model(self) -> torch.nn.Module:
+        """An unsharded copy of the model on this rank's device, e.g. to seed the rollout
+        engine (a collective when sharded: the weights are gathered tensor by tensor)."""
+        if not self.sharded:
+            return copy.deepcopy(self.unwrapped)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(
+            self.unwrapped.config, dtype=_TORCH_DTYPES[self.config.dtype]
+        ).to(self.device)
+        own = model.state_dict()
+        with torch.no_grad():
+            for name, value in self.full_tensors():
+                if name in own:
+                    own[name].copy_(value)
+        return model
 
     def save_hf(self, path: str, tokenizer: Any | None = None) -> None:
-        """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes."""
-        state = self.accelerator.get_state_dict(self.model)
+        """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes
+        (sharded: the full weights are gathered to rank 0's CPU first)."""
+        if self.sharded:
+            state = fsdp.full_state_dict_on_rank0(self.model)
+        else:
+            state = self.accelerator.get_state_dict(self.model)
         if self.accelerator.is_main_process:
             self.unwrapped.save_pretrained(path, state_dict=state, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
         self.accelerator.wait_for_everyone()
 
-    def training_state(self) -> dict[str, Any]:
-        """Model, optimizer and scheduler state for recover checkpoints."""
-        state: dict[str, Any] = {
-            "model": self.accelerator.get_state_dict(self.model),
-            "version": self.version,
-        }
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
+    def training_state(self, shard_dir: str | None = None) -> dict[str, Any]:
+        """Model, optimizer and scheduler state for recover checkpoints.
+
+        Sharded, the model and optimizer shards are written into ``shard_dir`` (every rank;
+        nothing is gathered) and the returned dict holds ``"sharded": True`` instead of them.
+        """
+        state: dict[str, Any] = {"version": self.version}
+        if self.sharded:
+            if shard_dir is None:
+                raise ValueError("a sharded engine writes its training state to a shard_dir")
+            fsdp.save_sharded(self.model, self.optimizer, shard_dir)
+            state["sharded"] = True
+        else:
+            state["model"] = self.accelerator.get_state_dict(self.model)
+            if self.optimizer is not None:
+                state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
-    def load_training_state(self, state: dict[str, Any]) -> None:
-        self.unwrapped.load_state_dict(state["model"])
+    def load_training_state(self, state: dict[str, Any], shard_dir: str | None = None) -> None:
+        """Restore :meth:`training_state` (sharded: from ``shard_dir``, same world size)."""
+        if bool(state.get("sharded", False)) != self.sharded:
+            raise ValueError(
+                "written with backend "
+                + ("fsdp2" if state.get("sharded") else "ddp")
+                + f" but this run uses backend {self.config.backend}"
+            )
+        if self.sharded:
+            if shard_dir is None:
+                raise ValueError("a sharded engine loads its training state from a shard_dir")
+            fsdp.load_sharded(self.model, self.optimizer, shard_dir)
+        else:
+            self.unwrapped.load_state_dict(state["model"])
+            if self.optimizer is not None and "optimizer" in state:
+                self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -97,15 +97,16 @@ class RLTrainer:
 
     def _check_launch(self) -> None:
         """Refuse launch set-ups this trainer does not handle, before any model loads."""
-        from accelerate.utils import DistributedType
+        from areal_m2po.trainer.launch import check_launch
 
         cfg = self.config
-        kind = self.accelerator.distributed_type
-        if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
-            raise ValueError(
-                f"accelerate distributed_type {kind.value} is not supported yet: the rollout "
-                "engine needs the full policy weights on every rank; use DDP (--multi_gpu)"
-            )
+        check_launch(
+            cfg,
+            self.accelerator.distributed_type.value,
+            self.world,
+            torch.cuda.is_available(),
+            str(self.accelerator.mixed_precision),
+        )
         batch = cfg.train_dataset.batch_size
         if batch % self.world != 0:
             raise ValueError(
@@ -182,15 +183,22 @@ class RLTrainer:
         self.actor = PPOActor(
             cfg.actor, self.actor_engine, cfg.gconfig.n_samples, cfg.gconfig.max_new_tokens
         )
-        self.rollout = RolloutEngine(
-            self.actor_engine.unwrapped, self.tokenizer, self.accelerator.device
+        # sharded: an unsharded copy gathered once (RolloutEngine copies what it is given)
+        policy = (
+            self.actor_engine.build_full_model()
+            if self.actor_engine.sharded
+            else self.actor_engine.unwrapped
         )
+        self.rollout = RolloutEngine(policy, self.tokenizer, self.accelerator.device)
+        del policy
         self.ref_engine = None
         if cfg.actor.kl_ctl > 0:
             ref_cfg = TrainEngineConfig(
                 path=cfg.ref.path or cfg.actor.path,
                 dtype=cfg.ref.dtype,
                 attn_implementation=cfg.actor.attn_implementation,
+                backend=cfg.actor.backend,
+                fsdp=cfg.actor.fsdp,
                 mb_spec=cfg.actor.mb_spec,
             )
             self.ref_engine = HFTrainEngine(ref_cfg, self.accelerator, 0, trainable=False)
@@ -322,6 +330,8 @@ class RLTrainer:
         t0 = time.perf_counter()
         if cfg.actor.recompute_logprob and cfg.actor.prox_logp_method == "recompute":
             on_policy = bool((versions == self.actor_engine.version).all())
+            # one decision for all ranks (a sharded model's forward is a collective)
+            on_policy = not float(dist.all_reduce_max(torch.tensor([float(not on_policy)]))[0])
             if on_policy:
                 # the behaviour policy *is* the policy at step start: its recorded log-probs are
                 # the proximal ones (equal to a recompute within fp tolerance; see the tests)
@@ -342,9 +352,8 @@ class RLTrainer:
             stats.update(self.critic.ppo_update(batch))
         stats["timing/update_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.rollout.update_weights(
-            self.actor_engine.state_dict_for_sync(), self.actor_engine.version
-        )
+        # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
+        self.rollout.update_weights(self.actor_engine.full_tensors(), self.actor_engine.version)
         stats["timing/sync_s"] = time.perf_counter() - t0
         if "actor/kl_ref" in stats:
             stats["actor/kl"] = stats["actor/kl_ref"]

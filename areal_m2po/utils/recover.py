@@ -8,11 +8,15 @@ metrics already in ``metrics.jsonl``)::
                   the learned reward's running normaliser (reward.model.norm=running)
     actor.pt      policy weights, optimizer, LR scheduler, version (HFTrainEngine.training_state)
     critic.pt     the same for the critic (only with critic.enabled)
+    actor_shards/ with backend fsdp2: the policy's and its optimizer's shards, written by every
+                  rank with torch.distributed.checkpoint (no full gather); actor.pt then holds
+                  the scheduler and version only (critic_shards/ likewise)
     rollout.pt    behaviour-policy version, and its weights when they differ from the policy's
     ranks.pt      per rank: every RNG (python, numpy, torch, CUDA) and the staleness queue
 
 Every rank takes part (the state of a sharded model is a collective; RNG and queue are per
-rank); rank 0 writes. Writing is atomic: the files go to a temporary directory that is renamed
+rank); rank 0 writes, except the shards, which every rank writes into the same temporary
+directory. A checkpoint loads on the same number of processes only. Writing is atomic: the files go to a temporary directory that is renamed
 to ``step_<N>`` once complete, so a crash mid-write leaves the previous checkpoint loadable
 (and only complete ``step_<N>`` directories are ever read). The last ``recover.keep_last`` are
 kept. Loading needs every file readable by every rank (a shared filesystem on several nodes).
@@ -32,7 +36,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -192,10 +196,20 @@ def _config_items(trainer: RLTrainer) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------- save
-def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    if a.keys() != b.keys():
-        return False
-    return all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
+def _same_weights(a: dict[str, torch.Tensor], b: Iterable[tuple[str, torch.Tensor]]) -> bool:
+    """Whether ``b`` (consumed to the end: it may be a collective gather) equals ``a``."""
+    same, seen = True, set()
+    for k, v in b:
+        seen.add(k)
+        same = same and k in a and torch.equal(a[k].cpu(), v.cpu())
+    return same and seen == set(a)
+
+
+def _engine_state(engine: Any, tmp: str, name: str) -> tuple[dict[str, Any], str | None]:
+    """An engine's training state; a sharded one writes its shards into ``tmp/<name>``."""
+    if not engine.sharded:
+        return engine.training_state(), None
+    return engine.training_state(shard_dir=os.path.join(tmp, name)), name
 
 
 def save_checkpoint(trainer: RLTrainer) -> str:
@@ -204,11 +218,22 @@ def save_checkpoint(trainer: RLTrainer) -> str:
     root = recover_root(trainer.output_dir)
     step = trainer.step
     t0 = time.perf_counter()
-    actor_state = trainer.actor_engine.training_state()
-    critic_state = trainer.critic.engine.training_state() if trainer.critic is not None else None
+    path = os.path.join(root, f"{_STEP_PREFIX}{step}")
+    tmp = _new_tmp(root, path) if trainer.is_main else ""
+    if dist.is_distributed():  # sharded engines write into rank 0's temporary directory
+        box = [tmp]
+        torch.distributed.broadcast_object_list(box, src=0)
+        tmp = box[0]
+    shards: list[str] = []
+    actor_state, shard = _engine_state(trainer.actor_engine, tmp, "actor_shards")
+    shards += [shard] if shard else []
+    critic_state = None
+    if trainer.critic is not None:
+        critic_state, shard = _engine_state(trainer.critic.engine, tmp, "critic_shards")
+        shards += [shard] if shard else []
     rollout_weights = trainer.rollout.model.state_dict()
     same = trainer.rollout.version == trainer.actor_engine.version and _same_weights(
-        rollout_weights, actor_state["model"]
+        rollout_weights, trainer.actor_engine.full_tensors()
     )
     rollout_state = {
         "version": trainer.rollout.version,
@@ -220,11 +245,12 @@ def save_checkpoint(trainer: RLTrainer) -> str:
         torch.distributed.gather_object(mine, ranks, dst=0)
     else:
         ranks = [mine]
-    path = os.path.join(root, f"{_STEP_PREFIX}{step}")
+    dist.barrier()  # every rank's shards are written
     if trainer.is_main:
         assert ranks is not None
         _write_atomically(
             root,
+            tmp,
             path,
             {
                 "trainer.pt": {
@@ -251,6 +277,7 @@ def save_checkpoint(trainer: RLTrainer) -> str:
                 "world_size": trainer.world,
                 "config": _config_items(trainer),
                 "time": time.time(),
+                "shards": shards,
             },
         )
         stale = getattr(trainer, "_stale_recover", None) or []
@@ -263,13 +290,21 @@ def save_checkpoint(trainer: RLTrainer) -> str:
     return path
 
 
-def _write_atomically(root: str, path: str, files: dict[str, Any], meta: dict[str, Any]) -> None:
+def _new_tmp(root: str, path: str) -> str:
+    """A fresh temporary directory for the checkpoint ``path`` (leftovers of a crash removed)."""
     os.makedirs(root, exist_ok=True)
     for name in os.listdir(root):  # leftovers of a crash mid-write
         if name.startswith((_TMP_PREFIX, _OLD_PREFIX)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     tmp = os.path.join(root, f"{_TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
+    return tmp
+
+
+def _write_atomically(
+    root: str, tmp: str, path: str, files: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    """Write ``files`` and then ``meta.json`` into ``tmp`` and rename it to ``path``."""
     try:
         for name, obj in files.items():
             _write(obj, os.path.join(tmp, name))
@@ -385,9 +420,16 @@ def load_checkpoint(trainer: RLTrainer, path: str) -> None:
         restore_rng(mine["rng"])
 
     apply("trainer.pt", load_trainer)
-    apply("actor.pt", trainer.actor_engine.load_training_state)
+
+    def load_engine(engine: Any, name: str) -> Callable[[Any], None]:
+        def fn(state: dict[str, Any]) -> None:
+            engine.load_training_state(state, shard_dir=os.path.join(path, name))
+
+        return fn
+
+    apply("actor.pt", load_engine(trainer.actor_engine, "actor_shards"))
     if trainer.critic is not None:
-        apply("critic.pt", trainer.critic.engine.load_training_state)
+        apply("critic.pt", load_engine(trainer.critic.engine, "critic_shards"))
     apply("rollout.pt", load_rollout)
     apply("ranks.pt", load_rank)  # last: the RNG state is the one the writer had
     logger.info("resumed from recover checkpoint %s (step %d)", path, trainer.step)

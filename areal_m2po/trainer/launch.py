@@ -1,0 +1,84 @@
+"""Launch set-ups a run can use, checked before any model loads (one line naming the key).
+
+``accelerate launch`` decides the distributed type and the number of processes; the config
+decides the backend (``actor.backend`` / ``critic.backend``: ``ddp`` or ``fsdp2``). The engine
+applies FSDP2 itself on the process group Accelerate made, so:
+
+* ``--multi_gpu`` (DDP type, ``MULTI_GPU`` / ``MULTI_CPU``) with ``N >= 2`` processes runs
+  either backend;
+* ``--use_fsdp`` (``FSDP`` type, GPUs only) runs ``backend: fsdp2`` (Accelerate's plugin is
+  not used: the model never goes through ``accelerator.prepare``) and refuses ``ddp``;
+* DeepSpeed is refused, naming FSDP2 as the way to shard;
+* ``fsdp2`` in one process, CPU offload on a run without GPUs and Accelerate's
+  ``--mixed_precision`` with ``fsdp2`` (use ``fsdp.param_dtype``) are refused.
+"""
+
+from __future__ import annotations
+
+from areal_m2po.api.cli_args import ConfigError, PPOConfig
+
+_MULTI = ("MULTI_GPU", "MULTI_CPU")
+_LAUNCH = "accelerate launch --multi_gpu --num_processes N (N >= 2)"
+
+
+def check_launch(
+    config: PPOConfig,
+    distributed_type: str,
+    world: int,
+    cuda_available: bool,
+    mixed_precision: str,
+) -> None:
+    """Raise :class:`ConfigError` (or ValueError) for a launch this trainer cannot run.
+
+    Args:
+        config: the run's config.
+        distributed_type: ``accelerator.distributed_type.value`` (``NO``, ``MULTI_GPU``,
+            ``MULTI_CPU``, ``FSDP``, ``DEEPSPEED``, ...).
+        world: the number of processes.
+        cuda_available: whether this process sees a GPU.
+        mixed_precision: ``accelerator.mixed_precision`` (``no``, ``bf16``, ``fp16``).
+    """
+    engines = [("actor", config.actor)]
+    if config.critic.enabled:
+        engines.append(("critic", config.critic))
+    if distributed_type == "DEEPSPEED":
+        raise ConfigError(
+            "actor.backend",
+            "DeepSpeed is not supported; shard with FSDP2 instead: actor.backend=fsdp2 under "
+            f"`{_LAUNCH}`",
+        )
+    if distributed_type == "FSDP":
+        unsharded = [name for name, e in engines if e.backend != "fsdp2"]
+        if unsharded:
+            raise ConfigError(
+                f"{unsharded[0]}.backend",
+                "`accelerate launch --use_fsdp` needs backend=fsdp2 (the engine shards with "
+                f"fully_shard itself); set {unsharded[0]}.backend=fsdp2, or launch with "
+                f"`{_LAUNCH}`",
+            )
+    elif distributed_type not in ("NO", *_MULTI):
+        raise ValueError(
+            f"accelerate distributed_type {distributed_type} is not supported; launch with "
+            f"`{_LAUNCH}` (and actor.backend=fsdp2 to shard the model)"
+        )
+    for name, engine in engines:
+        if engine.backend != "fsdp2":
+            continue
+        if world < 2:
+            raise ConfigError(
+                f"{name}.backend",
+                f"fsdp2 shards over processes but this run has {world}; launch with "
+                f"`{_LAUNCH}`, or use backend=ddp",
+            )
+        if engine.fsdp.offload_params and not cuda_available:
+            raise ConfigError(
+                f"{name}.fsdp.offload_params",
+                "CPU offload needs GPUs; this run has none (its state is on the CPU already)",
+            )
+        if mixed_precision != "no":
+            raise ConfigError(
+                f"{name}.backend",
+                f"accelerate --mixed_precision {mixed_precision} does not apply to fsdp2; "
+                f"launch with --mixed_precision no and set {name}.fsdp.param_dtype (e.g. "
+                "bfloat16) instead",
+            )
