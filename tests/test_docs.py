@@ -157,7 +157,7 @@ def test_m2po_doc_threshold_advice_matches_defaults():
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("deepspeed_zero2", "DEEPSPEED")],
+    [("ddp", "MULTI_GPU"), ("fsdp", "MULTI_GPU"), ("deepspeed_zero2", "DEEPSPEED")],
 )
 def test_accelerate_config_files_are_valid(name, kind):
     from accelerate.commands.config.config_args import ClusterConfig

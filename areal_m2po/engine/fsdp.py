@@ -172,17 +172,20 @@ def load_sharded(
     )
 
 
+def local_nbytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's part of ``t`` (its local shard for a ``DTensor``)."""
+    from torch.distributed.tensor import DTensor
+
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return int(local.numel() * local.element_size())
+
+
 def local_state_bytes(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> dict[str, int]:
     """Bytes this rank holds of parameters, gradients and optimizer state (local shards only
     for ``DTensor`` s; a tied parameter counted once)."""
-    from torch.distributed.tensor import DTensor
-
-    def nbytes(t: torch.Tensor) -> int:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        return int(local.numel() * local.element_size())
-
+    nbytes = local_nbytes
     params = list({id(p): p for p in model.parameters()}.values())
     out = {
         "params": sum(nbytes(p) for p in params),
