@@ -496,3 +496,20 @@ def test_ppo_with_learned_reward_critic_kl_m2po_and_resume(tmp_path, trained_rm:
         resumed.close()
     # restored 48 from the step-2 checkpoint, then one more batch of 16
     assert resumed.learned_reward.moments.count == 64
+
+
+def test_shipped_rlhf_configs_load():
+    from areal_m2po.api.cli_args import PPOConfig
+    from areal_m2po.api.config_loader import config_to_yaml
+
+    configs = Path(__file__).resolve().parents[1] / "configs" / "rlhf"
+    rm = load_config(["--config", str(configs / "reward_model.yaml")], RWConfig)
+    assert rm.center_rewards_coefficient == 0.01 and rm.valid_dataset is not None
+    ppo = load_config(["--config", str(configs / "ppo.yaml")], PPOConfig)
+    assert ppo.critic.enabled and ppo.actor.kl_ctl > 0 and ppo.actor.m2_threshold == 0.04
+    assert ppo.reward.model is not None and ppo.reward.model.verifiable_weight == 0.0
+    # the PPO config reads the model where the reward-model config writes it
+    assert ppo.reward.model.path == f"{rm.output_dir}/checkpoints/final"
+    assert config_to_yaml(load_config(["--config", str(configs / "ppo.yaml")])) == config_to_yaml(
+        ppo
+    )

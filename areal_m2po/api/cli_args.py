@@ -1270,16 +1270,16 @@ class RWConfig:
             _validate_section(self, name, cls)
         if self.valid_dataset is not None:
             _validate_section(self, "valid_dataset", PreferenceDatasetConfig)
-            if self.valid_dataset.path is None:
-                raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
 
     def check_required(self) -> None:
-        """Fields that have no usable default; checked when a run starts (so ``RWConfig()``
-        and ``--help`` work without them)."""
+        """Fields that have no usable default; checked when a run starts (so ``RWConfig()``,
+        ``--help`` and ``--print-config`` work without them)."""
         if self.train_dataset.path is None:
             raise ConfigError(
                 "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
             )
+        if self.valid_dataset is not None and self.valid_dataset.path is None:
+            raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
 
 
 def load_config(argv: list[str] | None = None, cls: type = PPOConfig) -> Any:
