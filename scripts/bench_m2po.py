@@ -1,11 +1,20 @@
-"""Benchmark the M2PO mask: selection path vs the sort-based reference, and vs a PPO update.
+"""The M2PO mask's share of a PPO update at a realistic size (issue 12: one rule unless > 1%).
 
-Run: ``python scripts/bench_m2po.py [--repeats 21] [--skip-update]``
+Run: ``python scripts/bench_m2po.py [--rows 512] [--cols 8192] [--size 1m] [--device cpu]``
 
-Everything runs on one CPU thread (``torch.set_num_threads(1)``), and every comparison is
-timed side by side in the same run (interleaved repeats, median), so the printed ratios are
-meaningful on a shared machine even when absolute times drift. The last lines are
-``name=value``, one figure per line.
+* ``mask_ms@REGIME``: ``apply_m2po_masking`` + ``m2po_stats`` (what one M2PO scope computes) on
+  ``[rows, cols]`` float32 log-probs, completion lengths uniform in ``[cols/4, cols]``, median
+  of ``--repeats``. Regimes: ``quiet`` (drift N(0, 0.1^2), threshold 0.04: nothing to mask, one
+  reduction), ``stale`` (heavy-tailed drift, threshold 0.04: the sort and the cumulative means),
+  ``on_mean`` (m2 on a 0.05 grid, threshold the float64 mean of the smallest 80%: the exact
+  evaluation of the cut runs too).
+* ``update_ms_per_1k_tokens``: one bare PPO step (forward, token log-probs, policy-gradient loss,
+  backward, AdamW) of the bench's ``--size`` Llama on ``[--update-rows, --update-cols]`` tokens.
+  Scaled linearly to ``rows x cols`` tokens: a LOWER bound on the update at that size (attention
+  grows faster than linearly in the length, and the real update adds the loss statistics,
+  entropy, clipping), so ``m2po_share@REGIME = mask / (mask + update)`` is an upper bound.
+
+Everything runs in one process with ``--threads`` threads; the last lines are ``name=value``.
 """
 
 from __future__ import annotations
@@ -13,194 +22,137 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
     import areal_m2po  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from areal_m2po.utils.functional import (  # noqa: E402
-    apply_m2po_masking,
-    gather_logprobs_entropy,
-    m2po_keep_mask,
-    m2po_keep_mask_sorted_reference,
-    ppo_actor_loss_fn,
-)
+from bench import build_model  # noqa: E402
 
-B, T, VALID_FRAC = 64, 4096, 0.7
+from areal_m2po.utils.m2po import apply_m2po_masking, m2_per_token, m2po_stats  # noqa: E402
+
+THRESHOLD = 0.04
 
 
-def _median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Interleaved timing: each repeat runs every fn once; returns median seconds per fn."""
-    for fn in fns.values():  # warm-up
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
+def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median wall seconds of ``fn`` over ``repeats`` runs after one warm-up (device synced)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    times = []
     for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in samples.items()}
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def _reference_apply(
-    old: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor, thr: float
-) -> torch.Tensor:
-    """AReaL-style end to end: gather valid tokens, sort-based rule, scatter back."""
-    d = old[mask] - prox[mask]
-    keep = m2po_keep_mask_sorted_reference(d * d, thr)
-    out = torch.zeros_like(mask)
-    out[mask] = keep
-    return out
+def mask_inputs(rows: int, cols: int, regime: str, g: torch.Generator) -> tuple:
+    """(behaviour logp, proximal logp, loss_mask, threshold) float32/bool ``[rows, cols]``."""
+    lengths = torch.randint(cols // 4, cols + 1, (rows, 1), generator=g)
+    mask = torch.arange(cols)[None, :] < lengths
+    old = -torch.rand(rows, cols, generator=g) * 4.0
+    if regime == "quiet":
+        drift = 0.1 * torch.randn(rows, cols, generator=g)
+    elif regime == "stale":
+        sign = torch.where(torch.rand(rows, cols, generator=g) < 0.5, -1.0, 1.0)
+        drift = sign * torch.exp(torch.randn(rows, cols, generator=g) * 0.9 - 1.8)
+    else:  # on_mean: m2 on a 0.05 grid (float64), threshold exactly a float64 prefix mean
+        old = old.double()
+        drift = torch.randint(0, 8, (rows, cols), generator=g).double().mul_(0.05).sqrt_()
+    prox = old + drift
+    thr = THRESHOLD
+    if regime == "on_mean":
+        asc = m2_per_token(old, prox, mask)[mask].sort().values
+        k = int(0.8 * asc.numel())
+        thr = float(asc[:k].sum()) / k
+    return old, prox, mask, thr
 
 
-def _make_inputs(g: torch.Generator) -> dict[str, object]:
-    """[64, 4096] log-probs with 70% valid tokens and two m2 regimes.
-
-    * none-masked: proximal drifts from behaviour by N(0, 0.1^2) per token (m2 mean ~0.01),
-      threshold 0.04 -> the total mean is already below it;
-    * half-masked: heavy-tailed drift (log-normal |d|, stale rollouts), threshold set to the
-      mean of the smallest half of the m2 values -> about half the tokens are masked.
-    """
-    mask = torch.rand(B, T, generator=g) < VALID_FRAC
-    old = -torch.rand(B, T, generator=g) * 4.0
-    prox_none = old + 0.1 * torch.randn(B, T, generator=g)
-    log_abs = torch.randn(B, T, generator=g) * 1.5 - 2.5
-    sign = torch.where(torch.rand(B, T, generator=g) < 0.5, -1.0, 1.0)
-    prox_half = old + sign * torch.exp(log_abs)
-    m2_none = ((old - prox_none)[mask]) ** 2
-    m2_half = ((old - prox_half)[mask]) ** 2
-    srt, _ = torch.sort(m2_half)
-    thr_half = float(srt[: srt.numel() // 2].double().mean()) * (1 + 1e-6)
-    return {
-        "mask": mask,
-        "old": old,
-        "prox_none": prox_none,
-        "prox_half": prox_half,
-        "m2_none": m2_none,
-        "m2_half": m2_half,
-        "thr_none": 0.04,
-        "thr_half": thr_half,
-    }
-
-
-def _bench_m2po(repeats: int) -> dict[str, float]:
-    d = _make_inputs(torch.Generator().manual_seed(0))
+def bench_mask(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
     out: dict[str, float] = {}
-    mask = d["mask"]
-    out["m2po_n_valid"] = float(mask.sum())
-    for regime in ("none", "half"):
-        m2, thr = d[f"m2_{regime}"], d[f"thr_{regime}"]
-        prox = d[f"prox_{regime}"]
-        fast = m2po_keep_mask(m2, thr)
-        ref = m2po_keep_mask_sorted_reference(m2, thr)
-        assert torch.equal(fast, ref), f"mismatch in regime {regime}"
-        e2e_fast = apply_m2po_masking(d["old"], prox, mask, thr)
-        assert torch.equal(e2e_fast, _reference_apply(d["old"], prox, mask, thr))
-        out[f"m2po_masked_fraction_{regime}_masked"] = 1.0 - float(fast.float().mean())
-        t = _median_times(
-            {
-                "ref": lambda m2=m2, thr=thr: m2po_keep_mask_sorted_reference(m2, thr),
-                "fast": lambda m2=m2, thr=thr: m2po_keep_mask(m2, thr),
-                "ref_e2e": lambda p=prox, thr=thr: _reference_apply(d["old"], p, mask, thr),
-                "fast_e2e": lambda p=prox, thr=thr: apply_m2po_masking(d["old"], p, mask, thr),
-            },
-            repeats,
+    for regime in ("quiet", "stale", "on_mean"):
+        old, prox, mask, thr = mask_inputs(
+            args.rows, args.cols, regime, torch.Generator().manual_seed(0)
         )
-        out[f"m2po_ref_ms_{regime}_masked"] = 1e3 * t["ref"]
-        out[f"m2po_fast_ms_{regime}_masked"] = 1e3 * t["fast"]
-        out[f"m2po_speedup_{regime}_masked"] = t["ref"] / t["fast"]
-        out[f"apply_m2po_ref_ms_{regime}_masked"] = 1e3 * t["ref_e2e"]
-        out[f"apply_m2po_ms_{regime}_masked"] = 1e3 * t["fast_e2e"]
-        out[f"apply_m2po_speedup_{regime}_masked"] = t["ref_e2e"] / t["fast_e2e"]
+        old, prox, mask = old.to(device), prox.to(device), mask.to(device)
+
+        def step(old=old, prox=prox, mask=mask, thr=thr) -> dict[str, torch.Tensor]:
+            keep = apply_m2po_masking(old, prox, mask, thr)
+            return m2po_stats(m2_per_token(old, prox, mask), mask, keep, thr)
+
+        stats = step()
+        out[f"masked_fraction@{regime}"] = float(stats["m2po/masked_fraction"])
+        out[f"mask_ms@{regime}"] = 1e3 * median_seconds(step, args.repeats, device)
+    out["valid_tokens"] = float(mask.sum())
     return out
 
 
-def _bench_update(repeats: int) -> dict[str, float]:
-    """One PPO update step of a tiny Llama (hidden 256, 4 layers, vocab 1000, batch 16x256):
-    forward + chunked log-probs + M2PO mask + PPO loss + backward + AdamW step, vs the M2PO
-    mask of the same micro-batch and of the 64x4096 batch above."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    g = torch.Generator().manual_seed(1)
-    cfg = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        model = LlamaForCausalLM(cfg)
-    model.train()
+def bench_update(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as workdir:
+        spec = build_model(args.size, Path(workdir))
+    model = spec.model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    bsz, seqlen = 16, 256
-    input_ids = torch.randint(0, cfg.vocab_size, (bsz, seqlen), generator=g)
-    loss_mask = torch.zeros(bsz, seqlen, dtype=torch.bool)
-    loss_mask[:, 64:-1] = True  # prompt 64 tokens, completion up to the last label
-    labels = torch.roll(input_ids, -1, dims=1)
-    old = -torch.rand(bsz, seqlen, generator=g) * 4.0
-    log_abs = torch.randn(bsz, seqlen, generator=g) * 1.5 - 2.5
-    prox = old + torch.exp(log_abs)
-    adv = torch.randn(bsz, seqlen, generator=g)
-    m2 = ((old - prox)[loss_mask]) ** 2
-    srt, _ = torch.sort(m2)
-    thr = float(srt[: srt.numel() // 2].double().mean())
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, spec.vocab, (args.update_rows, args.update_cols), generator=g)
+    adv = torch.randn(args.update_rows, args.update_cols - 1, generator=g)
+    ids, adv = ids.to(device), adv.to(device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=input_ids).logits
-        logp, _ = gather_logprobs_entropy(logits, labels, chunk_size=1024)
-        keep = apply_m2po_masking(old, prox, loss_mask, thr)
-        loss, _ = ppo_actor_loss_fn(
-            logp, prox, old, adv, 0.2, loss_mask, c_clip=3.0, m2po_mask=keep
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        logp = -torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), ids[:, 1:], reduction="none"
         )
+        loss = -(adv * torch.exp(logp - logp.detach())).mean()
         loss.backward()
         opt.step()
 
-    d = _make_inputs(torch.Generator().manual_seed(0))
-    t = _median_times(
-        {
-            "update": step,
-            "m2po_mb": lambda: apply_m2po_masking(old, prox, loss_mask, thr),
-            "m2po_big": lambda: apply_m2po_masking(
-                d["old"], d["prox_half"], d["mask"], d["thr_half"]
-            ),
-        },
-        max(3, repeats // 4),
-    )
+    seconds = median_seconds(step, max(1, args.repeats // 2), device)
     return {
-        "update_step_ms": 1e3 * t["update"],
-        "m2po_microbatch_ms": 1e3 * t["m2po_mb"],
-        "m2po_fraction_of_update": t["m2po_mb"] / t["update"],
-        "m2po_64x4096_fraction_of_update": t["m2po_big"] / t["update"],
+        "update_params_m": spec.n_params / 1e6,
+        "update_ms_per_1k_tokens": 1e6 * seconds / ids.numel(),
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--skip-update", action="store_true", help="skip the tiny-Llama step")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    results = _bench_m2po(args.repeats)
-    if not args.skip_update:
-        results.update(_bench_update(args.repeats))
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--cols", type=int, default=8192)
+    parser.add_argument("--size", default="1m", help="a size of scripts/bench.py (1m, 10m, 135m)")
+    parser.add_argument("--update-rows", type=int, default=8)
+    parser.add_argument("--update-cols", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    res = bench_mask(args, device)
+    res.update(bench_update(args, device))
+    update_ms = res["update_ms_per_1k_tokens"] * args.rows * args.cols / 1e3
+    res["update_ms_lower_bound"] = update_ms
+    for regime in ("quiet", "stale", "on_mean"):
+        mask_ms = res[f"mask_ms@{regime}"]
+        res[f"m2po_share@{regime}"] = mask_ms / (mask_ms + update_ms)
     print(
-        f"# torch {torch.__version__}, threads={torch.get_num_threads()}, [{B}, {T}] "
-        f"{VALID_FRAC:.0%} valid, repeats={args.repeats} (median, interleaved)"
+        f"# torch {torch.__version__}, {device}, threads={torch.get_num_threads()}, mask on "
+        f"[{args.rows}, {args.cols}], update of the {args.size} Llama on "
+        f"[{args.update_rows}, {args.update_cols}] scaled to [{args.rows}, {args.cols}]"
     )
-    for k, v in results.items():
+    for k, v in res.items():
         print(f"{k}={v:.4g}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

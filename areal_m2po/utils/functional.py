@@ -1,5 +1,6 @@
-"""Pure tensor maths for the PPO actor/critic: M2PO masking, PPO/SAPO/critic losses,
-advantage and reward helpers, chunked log-prob gathering.
+"""Pure tensor maths for the PPO actor/critic: PPO/SAPO/critic losses, advantage and reward
+helpers, chunked log-prob gathering. The M2PO mask lives in :mod:`areal_m2po.utils.m2po`
+(its names are re-exported here).
 
 Conventions (every function in this module follows them):
 
@@ -18,8 +19,9 @@ Conventions (every function in this module follows them):
   a masked token removes its own gradient without inflating the others' (M2PO paper's
   objective; AReaL instead divides by the kept count inside a micro-batch).
 
-The module imports only torch and the standard library, keeps no global state and has no
-import-time side effects.
+The module imports only torch, the standard library and the other pure-maths modules of
+``areal_m2po.utils`` (``checks``, ``m2po``), keeps no global state and has no import-time side
+effects.
 """
 
 from __future__ import annotations
@@ -31,6 +33,20 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from areal_m2po.utils.checks import check_bool_mask as _check_bool_mask
+from areal_m2po.utils.checks import check_choice as _check_choice
+from areal_m2po.utils.checks import check_real as _check_real
+from areal_m2po.utils.checks import check_same_shape as _check_same_shape
+from areal_m2po.utils.checks import check_tensor as _check_tensor
+
+# M2PO lives in areal_m2po.utils.m2po; re-exported here for code written against this module
+from areal_m2po.utils.m2po import (
+    apply_m2po_masking,
+    m2_per_token,
+    m2po_keep_mask,
+    m2po_stats,
+)
+
 __all__ = [
     "LOSS_AGG_MODES",
     "agg_loss",
@@ -38,12 +54,10 @@ __all__ = [
     "apply_m2po_masking",
     "gae_advantages",
     "gather_logprobs_entropy",
-    "get_m2po_loss_mask",
     "group_normalize",
     "kl_estimate",
     "m2_per_token",
     "m2po_keep_mask",
-    "m2po_keep_mask_sorted_reference",
     "m2po_stats",
     "masked_mean",
     "masked_normalize",
@@ -62,53 +76,8 @@ _NORM_LEVELS = ("batch", "group", None)
 _IS_LEVELS = ("token", "sequence")
 
 # --------------------------------------------------------------------------------------
-# Validation helpers (each raises a one-line error naming the culprit)
+# Small helpers (argument checks: areal_m2po.utils.checks)
 # --------------------------------------------------------------------------------------
-
-
-def _check_tensor(name: str, x: Any, *, floating: bool = False) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if floating and not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    return x
-
-
-def _check_bool_mask(name: str, mask: Any) -> torch.Tensor:
-    _check_tensor(name, mask)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be torch.bool, got {mask.dtype}")
-    return mask
-
-
-def _check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
-    for name, x in others.items():
-        if x is not None and tuple(x.shape) != tuple(ref.shape):
-            raise ValueError(
-                f"{name} shape {tuple(x.shape)} does not match {ref_name} shape {tuple(ref.shape)}"
-            )
-
-
-def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            return float(value.item())
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    return float(value)
-
-
-def _check_threshold(m2_threshold: Any) -> float:
-    if m2_threshold is None:
-        raise ValueError("m2_threshold must be a positive number, got None")
-    thr = _check_real("m2_threshold", m2_threshold)
-    if math.isnan(thr) or thr <= 0.0:
-        raise ValueError(f"m2_threshold must be a positive number, got {thr}")
-    return thr
-
-
-def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 def _compute_dtype(*xs: torch.Tensor) -> torch.dtype:
@@ -629,364 +598,6 @@ def gather_logprobs_entropy(
     if not compute_entropy:
         return lp, None
     return lp, ent.view(labels.shape)
-
-
-# --------------------------------------------------------------------------------------
-# M2PO
-# --------------------------------------------------------------------------------------
-
-
-def get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """AReaL's ``_get_m2po_loss_mask``: keep mask over m2 values sorted DESCENDING.
-
-    Masks the first ``k`` (largest) entries, ``k`` the smallest count for which the mean of
-    the remaining ``sorted_m2[k:]`` is strictly below ``m2_threshold``; keeps at least the
-    last (smallest) entry. Suffix sums/means are in float64. Sync-free (no ``.item()``).
-
-    Args:
-        sorted_m2: 1-D float tensor sorted in descending order.
-        m2_threshold: positive float.
-    Returns:
-        1-D bool tensor of the same length, True = keep (an empty tensor stays empty).
-    """
-    _check_tensor("sorted_m2", sorted_m2, floating=True)
-    if sorted_m2.ndim != 1:
-        raise ValueError(f"sorted_m2 must be 1-D, got shape {tuple(sorted_m2.shape)}")
-    thr = _check_threshold(m2_threshold)
-    n = sorted_m2.numel()
-    if n == 0:
-        return torch.ones_like(sorted_m2, dtype=torch.bool)
-    suffix = sorted_m2.detach().to(torch.float64).flip(0).cumsum(0).flip(0)
-    counts = torch.arange(n, 0, -1, device=sorted_m2.device, dtype=torch.float64)
-    below = (suffix / counts) < thr
-    # positions at or after the first "mean below threshold" index are kept
-    keep = torch.cumsum(below, dim=0) > 0
-    keep[-1] = True
-    return keep
-
-
-def _check_m2(m2: Any) -> torch.Tensor:
-    _check_tensor("m2", m2, floating=True)
-    if m2.ndim != 1:
-        raise ValueError(f"m2 must be 1-D (the valid tokens' m2), got shape {tuple(m2.shape)}")
-    return m2.detach()
-
-
-def m2po_keep_mask_sorted_reference(m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """Plain sort-based M2PO rule (the oracle): stable descending sort, float64 suffix means,
-    :func:`get_m2po_loss_mask`, scatter back. Ties are dropped earliest flat index first.
-
-    Args:
-        m2: 1-D float tensor, the valid tokens' ``(old_logp - prox_logp)^2``.
-        m2_threshold: positive float.
-    Returns:
-        1-D bool keep mask of ``m2``'s length.
-    """
-    m2 = _check_m2(m2)
-    thr = _check_threshold(m2_threshold)
-    n = m2.numel()
-    if n == 0:
-        return torch.zeros(0, dtype=torch.bool, device=m2.device)
-    sorted_m2, order = torch.sort(m2, descending=True, stable=True)
-    keep_sorted = get_m2po_loss_mask(sorted_m2, thr)
-    return torch.empty(n, dtype=torch.bool, device=m2.device).scatter_(0, order, keep_sorted)
-
-
-_DIGIT_BITS = 16
-_NBINS = 1 << _DIGIT_BITS
-_HALF = 1 << (_DIGIT_BITS - 1)
-_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Below this many tokens the fixed cost of the 65536-bin histograms exceeds a plain sort.
-_SELECT_MIN_N = 6144
-# Candidate sets at most this large are resolved by sorting them instead of another digit.
-_SORT_MAX = 2048
-
-
-def _int_keys(x: torch.Tensor, signed_fix: bool) -> torch.Tensor:
-    """Integer keys of a contiguous float tensor whose signed order is the float order.
-
-    Without ``signed_fix`` the raw bit pattern is used (order-correct for values >= +0.0);
-    with it, negative values get their magnitude bits flipped. 16-bit floats get int32 keys.
-    """
-    nbytes = x.element_size()
-    keys = x.view(_INT_VIEW[nbytes])
-    if signed_fix:
-        nbits = 8 * nbytes
-        keys = keys ^ ((keys >> (nbits - 1)) & ((1 << (nbits - 1)) - 1))
-    return keys.to(torch.int32) if nbytes == 2 else keys
-
-
-def _m2po_keep_mask_select(
-    x: torch.Tensor, thr: float, n_pad_zeros: int = 0, vals: torch.Tensor | None = None
-) -> torch.Tensor | None:
-    """Selection (radix/histogram) version of the M2PO rule; CPU-oriented, exact.
-
-    The kept set is the ``L*`` smallest values (ties: latest flat index kept first), with
-    ``L*`` the largest prefix length whose float64 mean is ``< thr`` (at least 1); every
-    value ``< thr`` is kept. ``L*`` is located digit by digit (16 bits at a time, most
-    significant first) on the float's ordered bit pattern: a count histogram and a float64
-    sum histogram give the prefix means at the occupied bins' boundaries, which pins the one
-    bin holding the cut; only its elements go on. A small remaining candidate set is resolved
-    by sorting it; a set that survives every digit is one repeated value, resolved in closed
-    form. Cost: two ``bincount`` passes, a few elementwise passes, no full sort.
-
-    ``n_pad_zeros``: that many entries of ``x`` are +0.0 padding (invalid tokens) to be left
-    out of the rule; their positions come back True and must be masked by the caller. When
-    the cut would fall among the zeros (or ``x`` has negative values), None is returned and
-    the caller must compact the valid values first. ``vals``: ``x`` already in float64.
-    """
-    x = x.contiguous()
-    nbits = 8 * x.element_size()
-    keys = _int_keys(x, signed_fix=False)
-    signed_fix = False
-    vals = x.to(torch.float64) if vals is None else vals
-    shifts = list(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS))
-    cand_keys, cand_vals = keys, vals
-    pos: torch.Tensor | None = None  # flat positions of the candidates (None: all)
-    c_off, p_off = 0, 0.0  # count / float64 sum of the elements below the candidates
-    lo_key = 0  # every element with key < lo_key is kept (set at level 0)
-    level = 0
-    resolved_by_digits: bool | None = True
-    while level < len(shifts):
-        if level > 0 and cand_keys.numel() <= _SORT_MAX:
-            resolved_by_digits = False
-            break
-        s = shifts[level]
-        shifted = cand_keys >> s if s else cand_keys
-        d = shifted + _HALF if level == 0 else shifted & (_NBINS - 1)
-        cnt = torch.bincount(d, minlength=_NBINS)
-        if level == 0 and n_pad_zeros:
-            cnt[_HALF] -= n_pad_zeros  # +0.0 has key 0, i.e. top digit _HALF
-        occ = cnt.nonzero().squeeze(1)
-        if level == 0 and not signed_fix and int(occ[0]) < _HALF:
-            if n_pad_zeros:
-                return None
-            # negative values or -0.0 present: canonicalise -0.0 and use signed-order keys
-            x = x + 0.0
-            keys = _int_keys(x, signed_fix=True)
-            signed_fix = True
-            cand_keys = keys
-            continue
-        ssum = torch.bincount(d, weights=cand_vals, minlength=_NBINS)
-        ccum = cnt[occ].cumsum(0) + c_off
-        pcum = ssum[occ].cumsum(0) + p_off
-        good = (pcum / ccum.to(torch.float64)) < thr
-        n_occ = occ.numel()
-        # last good boundary (max semantics, as the reference scans every prefix length)
-        j_last = n_occ - 1 - int(good.flip(0).to(torch.uint8).argmax()) if bool(good.any()) else -1
-        if j_last == n_occ - 1:
-            # every candidate is kept (reachable only through float64 rounding differences)
-            lo_key = int(cand_keys.max()) + 1
-            resolved_by_digits = None
-            break
-        b = int(occ[j_last + 1])
-        if level == 0 and n_pad_zeros and b == _HALF:
-            return None  # the cut is in the bin holding the padding zeros
-        if j_last >= 0:
-            c_off, p_off = int(ccum[j_last]), float(pcum[j_last])
-        lo_key = (b - _HALF) << s if level == 0 else lo_key + (b << s)
-        sel = (d == b).nonzero().squeeze(1)
-        cand_keys = cand_keys.index_select(0, sel)
-        cand_vals = cand_vals.index_select(0, sel)
-        pos = sel if pos is None else pos.index_select(0, sel)
-        level += 1
-
-    if resolved_by_digits is None:
-        return keys < lo_key
-    assert pos is not None
-    if resolved_by_digits:
-        # all candidates share one value v: keep the largest t in [0, copies] with
-        # (p_off + t v) / (c_off + t) < thr; t = 1 when nothing qualifies and nothing is below
-        v = float(cand_vals[0])
-        copies = cand_vals.numel()
-        ts = torch.arange(copies + 1, dtype=torch.float64, device=x.device)
-        cnts = ts + c_off
-        ok = (cnts > 0) & ((ts * v + p_off) / cnts.clamp(min=1) < thr)
-        n_keep = int(torch.where(ok, ts, -1.0).max())
-        kept_pos = pos[copies - max(n_keep, 1 if c_off == 0 else 0) :]
-    else:
-        # small candidate set: ascending order with ties latest-index first, prefix means
-        sv, order = torch.sort(cand_vals, descending=True, stable=True)
-        sv, order = sv.flip(0), order.flip(0)
-        m = sv.numel()
-        prefix = sv.cumsum(0) + p_off
-        cnts = torch.arange(1, m + 1, dtype=torch.float64, device=x.device) + c_off
-        ok = prefix / cnts < thr
-        if bool(ok.any()):
-            n_keep = m - int(ok.flip(0).to(torch.uint8).argmax())
-        else:
-            n_keep = 0 if c_off > 0 else 1
-        kept_pos = pos.index_select(0, order[:n_keep])
-    keep = keys < lo_key
-    if kept_pos.numel():
-        keep[kept_pos] = True
-    return keep
-
-
-def m2po_keep_mask(m2: torch.Tensor, m2_threshold: float, *, method: str = "auto") -> torch.Tensor:
-    """M2PO keep mask over the valid tokens' second moments; equals
-    :func:`m2po_keep_mask_sorted_reference` exactly (same float64 rule, same tie-break).
-
-    Rule: drop the largest m2 one at a time until the mean of the rest is ``< m2_threshold``;
-    keep at least one; among equal values the earliest flat index is dropped first.
-
-    Args:
-        m2: 1-D float tensor ``[N]`` of ``(old_logp - prox_logp)^2`` (finite, >= 0 expected;
-            any finite floats are handled).
-        m2_threshold: positive float.
-        method: "auto" (CPU: one float64 reduction and an all-True return when the overall
-            mean is already below the threshold, else histogram selection for large inputs;
-            other devices: the sync-free sort + cumsum path), "select" or "sort" to force one.
-    Returns:
-        1-D bool ``[N]``, True = keep.
-    Raises:
-        ValueError: bad threshold, non-1-D m2, or (CPU paths) non-finite m2.
-    """
-    m2 = _check_m2(m2)
-    thr = _check_threshold(m2_threshold)
-    _check_choice("method", method, ("auto", "select", "sort"))
-    n = m2.numel()
-    if n == 0:
-        return torch.zeros(0, dtype=torch.bool, device=m2.device)
-    if method == "sort" or (method == "auto" and m2.device.type != "cpu"):
-        return m2po_keep_mask_sorted_reference(m2, thr)
-    total = float(m2.sum(dtype=torch.float64))
-    if not math.isfinite(total):
-        bad = int((~torch.isfinite(m2)).sum())
-        raise ValueError(f"m2 has {bad} non-finite values")
-    if total / n < thr:
-        return torch.ones(n, dtype=torch.bool, device=m2.device)
-    if method == "auto" and n < _SELECT_MIN_N:
-        return m2po_keep_mask_sorted_reference(m2, thr)
-    keep = _m2po_keep_mask_select(m2, thr)
-    assert keep is not None  # only padded inputs can defer
-    return keep
-
-
-def m2_per_token(
-    old_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor
-) -> torch.Tensor:
-    """``(old_logp - prox_logp)^2`` per token, float32 (float64 for float64 inputs), 0 outside
-    ``loss_mask``. Shapes ``[B, T]``; no validation beyond what torch does."""
-    dtype = _compute_dtype(old_logp, prox_logp)
-    d = old_logp.detach().to(dtype) - prox_logp.detach().to(dtype)
-    return torch.where(loss_mask, d * d, torch.zeros((), dtype=dtype, device=d.device))
-
-
-def apply_m2po_masking(
-    old_logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    loss_mask: torch.Tensor,
-    m2_threshold: float,
-) -> torch.Tensor:
-    """AReaL-compatible ``_apply_m2po_masking``: the M2PO-filtered loss mask.
-
-    ``m2 = (old_logp - prox_logp)^2`` over the valid tokens (computed in float32, or float64
-    for float64 inputs) goes through the M2PO rule, with exactly the result of
-    :func:`m2po_keep_mask` on the compacted valid values. On CPU the validity check, the
-    "nothing to mask" test and the histogram selection run on the padded grid directly (+0.0
-    at invalid positions, left out of the counts), so no compaction is needed.
-
-    Args:
-        old_logp: float ``[B, T]`` behaviour log-probs recorded at generation.
-        prox_logp: float ``[B, T]`` proximal log-probs recomputed at step start.
-        loss_mask: bool ``[B, T]`` valid tokens.
-        m2_threshold: positive float.
-    Returns:
-        bool tensor of ``loss_mask``'s shape: True = keep, always False outside ``loss_mask``
-        (all False when there are no valid tokens).
-    Raises:
-        TypeError: non-bool ``loss_mask`` or non-float log-probs.
-        ValueError: shape mismatch, bad threshold, NaN/Inf log-probs at valid positions.
-    """
-    _check_bool_mask("loss_mask", loss_mask)
-    _check_tensor("old_logp", old_logp, floating=True)
-    _check_tensor("prox_logp", prox_logp, floating=True)
-    _check_same_shape("old_logp", old_logp, prox_logp=prox_logp)
-    _check_same_shape("old_logp", old_logp, loss_mask=loss_mask)
-    thr = _check_threshold(m2_threshold)
-    if loss_mask.numel() == 0:
-        return torch.zeros_like(loss_mask)
-    dtype = _compute_dtype(old_logp, prox_logp)
-    n_valid = int(loss_mask.sum())
-    if n_valid == 0:
-        return torch.zeros_like(loss_mask)
-    d = old_logp.detach().to(dtype) - prox_logp.detach().to(dtype)
-    # m2 over the full [B, T] grid, +0.0 outside loss_mask, no compaction yet. The product
-    # with the mask is the cheap path; garbage (NaN/Inf) at masked positions shows up as a
-    # non-finite total and is then cleared with the (slower) NaN-safe where.
-    # (few full-size temporaries: on CPU fresh large buffers cost page faults)
-    m2_full = d.mul_(d).mul_(loss_mask)
-    m2_64 = m2_full.to(torch.float64)
-    total = float(m2_64.sum())
-    if not math.isfinite(total):
-        for name, t in (("old_logp", old_logp), ("prox_logp", prox_logp)):
-            n_bad = int((~torch.isfinite(t.detach()) & loss_mask).sum())
-            if n_bad:
-                raise ValueError(f"{name} has {n_bad} non-finite values at loss_mask positions")
-        d = old_logp.detach().to(dtype) - prox_logp.detach().to(dtype)
-        m2_full = torch.where(loss_mask, d * d, torch.zeros((), dtype=dtype, device=d.device))
-        m2_64 = m2_full.to(torch.float64)
-        total = float(m2_64.sum())
-        if not math.isfinite(total):
-            raise ValueError("(old_logp - prox_logp)^2 overflows at loss_mask positions")
-    if loss_mask.device.type == "cpu":
-        if total / n_valid < thr:
-            return loss_mask.clone()
-        if n_valid >= _SELECT_MIN_N:
-            flat = _m2po_keep_mask_select(
-                m2_full.reshape(-1),
-                thr,
-                n_pad_zeros=loss_mask.numel() - n_valid,
-                vals=m2_64.reshape(-1),
-            )
-            if flat is not None:
-                return flat.view(loss_mask.shape).logical_and_(loss_mask)
-    keep = m2po_keep_mask(m2_full.masked_select(loss_mask), thr)
-    out = torch.zeros_like(loss_mask)
-    out.masked_scatter_(loss_mask, keep)
-    return out
-
-
-def m2po_stats(
-    m2: torch.Tensor,
-    loss_mask: torch.Tensor,
-    keep_mask: torch.Tensor,
-    m2_threshold: float,
-) -> dict[str, torch.Tensor]:
-    """M2PO diagnostics for one (micro-)batch.
-
-    Args:
-        m2: float ``[B, T]`` per-token second moment (values outside ``loss_mask`` ignored).
-        loss_mask: bool ``[B, T]`` valid tokens; keep_mask: bool ``[B, T]`` M2PO keep mask.
-        m2_threshold: the threshold used.
-    Returns:
-        Detached 0-dim float32 tensors: ``m2po/masked_fraction`` (masked / valid),
-        ``m2po/m2_before`` (mean m2 over valid), ``m2po/m2_after`` (mean m2 over kept),
-        ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid`` (counts). All 0 when empty.
-    """
-    _check_tensor("m2", m2, floating=True)
-    _check_bool_mask("loss_mask", loss_mask)
-    _check_bool_mask("keep_mask", keep_mask)
-    _check_same_shape("loss_mask", loss_mask, m2=m2, keep_mask=keep_mask)
-    thr = _check_threshold(m2_threshold)
-    m2 = m2.detach()
-    kept = keep_mask & loss_mask
-    n_valid = loss_mask.sum()
-    n_kept = kept.sum()
-    n_masked = n_valid - n_kept
-    m2_64 = m2.to(torch.float64)
-    before = masked_sum(m2_64, loss_mask) / n_valid.clamp(min=1)
-    after = masked_sum(m2_64, kept) / n_kept.clamp(min=1)
-    dev = m2.device
-    return {
-        "m2po/masked_fraction": _scalar(n_masked / n_valid.clamp(min=1), dev),
-        "m2po/m2_before": _scalar(before, dev),
-        "m2po/m2_after": _scalar(after, dev),
-        "m2po/threshold": _scalar(thr, dev),
-        "m2po/n_masked": _scalar(n_masked, dev),
-        "m2po/n_valid": _scalar(n_valid, dev),
-    }
 
 
 # --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
-from areal_m2po.utils import dist
+from areal_m2po.utils import dist, m2po
 from areal_m2po.utils import functional as F
 from areal_m2po.utils.data import Batch, select_rows
 
@@ -36,8 +36,12 @@ __all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
 
 
 def _get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """AReaL-compatible helper: the M2PO keep mask over m2 values sorted descending."""
-    return F.get_m2po_loss_mask(sorted_m2, m2_threshold)
+    """AReaL-compatible helper: the M2PO keep mask (bool ``[N]``, True = keep) over 1-D m2
+    values already sorted in descending order, i.e. :func:`m2po.m2po_keep_mask` of them."""
+    keep = m2po.m2po_keep_mask(sorted_m2, m2_threshold)
+    if bool((sorted_m2[1:] > sorted_m2[:-1]).any()):
+        raise ValueError("sorted_m2 must be sorted in descending order")
+    return keep
 
 
 def _apply_m2po_masking(
@@ -47,7 +51,7 @@ def _apply_m2po_masking(
     m2_threshold: float,
 ) -> torch.Tensor:
     """AReaL-compatible: the M2PO keep mask (bool, ``loss_mask``'s shape) of one batch."""
-    return F.apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)
+    return m2po.apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)
 
 
 def global_m2po_mask(
@@ -59,20 +63,10 @@ def global_m2po_mask(
     concatenation and keeps its own slice, so the mask equals the rule applied to the
     concatenated minibatch. Returns the mask (bool, like ``loss_mask``) and global stats.
     """
-    if loss_mask.dtype != torch.bool:
-        raise TypeError(f"loss_mask must be torch.bool, got {loss_mask.dtype}")
-    for name, t in (("old_logp", old_logp), ("prox_logp", prox_logp)):
-        if t.shape != loss_mask.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)}, loss_mask {tuple(loss_mask.shape)}"
-            )
-        bad = int((~torch.isfinite(t[loss_mask])).sum())
-        if bad:
-            raise ValueError(f"{name} has {bad} non-finite values at loss_mask positions")
-    m2_local = (old_logp.double() - prox_logp.double()).pow(2)[loss_mask]
+    m2_local = m2po.m2_per_token(old_logp, prox_logp, loss_mask)[loss_mask]
     m2_all, sizes = dist.all_gather_cat(m2_local)
     keep_all = (
-        F.m2po_keep_mask(m2_all, m2_threshold)
+        m2po.m2po_keep_mask(m2_all, m2_threshold)
         if m2_all.numel() > 0
         else torch.zeros(0, dtype=torch.bool)
     )
