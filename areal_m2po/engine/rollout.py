@@ -85,13 +85,15 @@ class RolloutEngine:
             mask[i, longest - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _hf_generation_config(self, g: GenerationConfig, greedy: bool, n: int) -> Any:
+    def _hf_generation_config(
+        self, g: GenerationConfig, greedy: bool, n: int, eos_ids: list[int]
+    ) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
 
         kwargs: dict[str, Any] = {
             "max_new_tokens": g.max_new_tokens,
             "min_new_tokens": g.min_new_tokens,
-            "eos_token_id": self.eos_ids,
+            "eos_token_id": eos_ids,
             "pad_token_id": self.pad_id,
             "num_return_sequences": n,
             "return_dict_in_generate": True,
@@ -118,8 +120,14 @@ class RolloutEngine:
         gconfig: GenerationConfig,
         greedy: bool = False,
         seed: int | None = None,
+        stop_token_ids: list[int] | None = None,
+        stopping_criteria: Any = None,
     ) -> Batch:
         """Sample ``gconfig.n_samples`` completions per prompt (1 when greedy).
+
+        ``stop_token_ids`` end a sample like EOS (kept, in the loss mask); ``stopping_criteria``
+        (a ``transformers.StoppingCriteriaList``) may end the whole call early, e.g. when a
+        rollout server is paused for a weight update: unfinished rows then simply stop.
 
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
         log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
@@ -132,10 +140,13 @@ class RolloutEngine:
             raise ValueError("generate() got no prompts")
         n = 1 if greedy else gconfig.n_samples
         ids, attn = self._left_pad(prompts)
-        hf_cfg = self._hf_generation_config(gconfig, greedy, n)
+        eos_ids = self.eos_ids + [int(t) for t in stop_token_ids or [] if t not in self.eos_ids]
+        hf_cfg = self._hf_generation_config(gconfig, greedy, n, eos_ids)
         extra: dict[str, Any] = {}
         if gconfig.stop:
             extra["tokenizer"] = self.tokenizer
+        if stopping_criteria is not None:
+            extra["stopping_criteria"] = stopping_criteria
         if seed is not None:
             torch.manual_seed(seed)
         # each prompt is encoded once and its KV cache shared by its n samples
@@ -144,12 +155,12 @@ class RolloutEngine:
         p = ids.shape[1]
         gen = seqs[:, p:]
         b, c = gen.shape
-        eos = torch.tensor(self.eos_ids, device=gen.device)
+        eos = torch.tensor(eos_ids, device=gen.device)
         is_eos = torch.isin(gen, eos)
         # a token is generated if no EOS came strictly before it
         eos_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
         gen_mask = ~eos_before
-        if self.pad_id not in self.eos_ids:
+        if self.pad_id not in eos_ids:
             # a sequence finished by a stop string is filled with pad after it
             gen_mask &= ~((gen == self.pad_id).long().cumsum(-1) > 0)
         no_eos = ~(is_eos & gen_mask).any(-1)

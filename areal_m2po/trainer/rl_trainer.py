@@ -92,6 +92,7 @@ class RLTrainer:
         self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
         self._last_recover_step = -1
         self._stale_recover: list[tuple[int, str]] = []
+        self.async_rollout: Any = None  # rollout.mode=async: AsyncRollout, started in _train
 
     # -- construction -------------------------------------------------------------------------
 
@@ -108,6 +109,11 @@ class RLTrainer:
             str(self.accelerator.mixed_precision),
         )
         batch = cfg.train_dataset.batch_size
+        if cfg.rollout.mode == "async" and self.world > 1:
+            raise ValueError(
+                "rollout.mode=async runs in one trainer process for now; launch without "
+                f"accelerate's {self.world} processes or use rollout.mode=sync"
+            )
         if batch % self.world != 0:
             raise ValueError(
                 f"train_dataset.batch_size ({batch}) must be a multiple of the number of "
@@ -233,8 +239,37 @@ class RLTrainer:
         per = len(items) // self.world
         return items[self.rank * per : (self.rank + 1) * per]
 
+    def _start_async(self) -> None:
+        """rollout.mode=async: start (or reach) the rollout servers at the policy's version."""
+        from areal_m2po.engine.async_rollout import AsyncRollout
+
+        cfg = self.config
+        tok = self.tokenizer
+        self.async_rollout = AsyncRollout(
+            cfg.rollout,
+            cfg.gconfig,
+            cfg.train_dataset.batch_size,
+            dict(
+                model_path=cfg.actor.path,
+                tokenizer_path=cfg.tokenizer_path,
+                dtype=cfg.actor.dtype,
+                attn_implementation=cfg.actor.attn_implementation,
+            ),
+            self.actor_engine.unwrapped.config,
+            self.output_dir,
+            prompt_source=self.loader.next_batch,
+            score=self.reward_runner.score,
+            decode=lambda ids: tok.decode(
+                [t for t in ids if t not in self.rollout.eos_ids], skip_special_tokens=True
+            ),
+            pad_id=self.rollout.pad_id,
+        )
+        self.async_rollout.start(self.actor_engine.state_dict_for_sync(), self.actor_engine.version)
+
     def _generate(self) -> tuple[Batch, dict[str, float]]:
         """Sample one training batch with the rollout engine's current policy and score it."""
+        if self.async_rollout is not None:
+            return self.async_rollout.next_batch()
         t0 = time.perf_counter()
         records, epoch = self.loader.next_batch()
         local = self._local_rows(records)
@@ -354,6 +389,10 @@ class RLTrainer:
         t0 = time.perf_counter()
         # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
         self.rollout.update_weights(self.actor_engine.full_tensors(), self.actor_engine.version)
+        if self.async_rollout is not None:  # the servers load what the rollout engine holds
+            stats["timing/server_sync_s"] = self.async_rollout.update(
+                self.rollout.model.state_dict(), self.actor_engine.version
+            )
         stats["timing/sync_s"] = time.perf_counter() - t0
         if "actor/kl_ref" in stats:
             stats["actor/kl"] = stats["actor/kl_ref"]
@@ -414,6 +453,8 @@ class RLTrainer:
         resumed = recover.maybe_resume(self)
         # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
+        if cfg.rollout.mode == "async":
+            self._start_async()
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
             "output_dir %s",
@@ -499,8 +540,12 @@ class RLTrainer:
         return tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step")
 
     def close(self) -> None:
-        self.stats_logger.close()
-        self.reward_runner.close()
+        try:
+            if self.async_rollout is not None:
+                self.async_rollout.close()
+        finally:
+            self.stats_logger.close()
+            self.reward_runner.close()
 
 
 def run(config: PPOConfig) -> int:
@@ -515,10 +560,17 @@ def run(config: PPOConfig) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
+    from areal_m2po.engine.remote_rollout import RolloutServerError
+
     try:
         trainer.train()
     except (recover.RecoverError, recover.NonFiniteTrainingError) as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        return 1
+    except RolloutServerError as exc:
+        last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
+        msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"
+        print("error: " + " ".join(msg.split()), file=sys.stderr)
         return 1
     finally:
         trainer.close()

@@ -1,0 +1,77 @@
+"""Policy weights handed to rollout servers: one safetensors directory per version.
+
+The trainer writes ``<root>/v<version>/`` once per update: ``model.safetensors`` (metadata
+``weight_version``) and the model's ``config.json``, so the directory is also what SGLang's
+``/update_weights_from_disk`` loads. It is written under a temporary name and renamed into
+place, so a server never sees a half-written version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+__all__ = ["WEIGHTS_FILE", "read_weights", "write_weights", "prune_weights"]
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _version_dir(root: str, version: int) -> str:
+    return os.path.join(root, f"v{version}")
+
+
+def write_weights(
+    state_dict: dict[str, torch.Tensor], root: str, version: int, model_config: Any = None
+) -> str:
+    """Write ``state_dict`` as version ``version`` under ``root``; returns the directory.
+
+    Tensors that share storage (tied embeddings) are saved as separate copies, as safetensors
+    requires. ``model_config`` (a ``transformers`` config) is saved next to them if given.
+    """
+    from safetensors.torch import save_file
+
+    os.makedirs(root, exist_ok=True)
+    final = _version_dir(root, version)
+    tmp = tempfile.mkdtemp(prefix=f".v{version}.", dir=root)
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+        path = os.path.join(tmp, WEIGHTS_FILE)
+        save_file(tensors, path, metadata={"weight_version": str(version), "format": "pt"})
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+        if model_config is not None:
+            model_config.save_pretrained(tmp)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], int | None]:
+    """The tensors of a weights directory (or file) and the version stamped in it (or None)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    file = os.path.join(path, WEIGHTS_FILE) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no {WEIGHTS_FILE} at {path}")
+    with safe_open(file, framework="pt") as fh:
+        meta = fh.metadata() or {}
+    stamp = meta.get("weight_version")
+    return load_file(file), int(stamp) if stamp is not None and stamp.isdigit() else None
+
+
+def prune_weights(root: str, keep_from_version: int) -> None:
+    """Delete the version directories older than ``keep_from_version``."""
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < keep_from_version:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
