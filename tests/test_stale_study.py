@@ -133,6 +133,7 @@ def test_runs_are_exact_resumable_and_archived_without_weights(tiny_study, study
         assert not (work / "recover").exists()  # deleted once the run finished
         done = json.loads((work / "done.json").read_text())
         assert done["steps"] == 2 and done["attempts"] == 1 and done["commit"]
+        assert done["cpu_s"] > 0 and done["wall_s"] > 0
         archived = tmp / "repo" / "runs" / work.name
         assert sorted(p.name for p in archived.iterdir()) == sorted(
             ["config.yaml", "done.json", "metrics.jsonl", "study_run.json"]
@@ -155,6 +156,8 @@ def test_summary_numbers_come_from_metrics(tiny_study, study):
     assert float(row["masked_or_clipped_fraction"]) == pytest.approx(sum(clip) / len(clip))
     kl = [r["actor/approx_kl"] for r in sig]  # no proximal forward: behave - current
     assert float(row["behave_kl"]) == pytest.approx(sum(kl) / len(kl))
+    steps_s = sorted(r["timing/step_s"] for r in records if "actor/version" in r)
+    assert float(row["step_s_median"]) == pytest.approx(sum(steps_s) / 2, rel=1e-5)  # 2 updates
     m2po = next(r for r in _rows(tmp / "repo" / "study.csv") if r["arm"] == "m2po")
     assert m2po["m2_before"] != "" and row["m2_before"] == ""
 
@@ -205,6 +208,7 @@ def test_parallel_subprocess_runs(study, tmp_path):
         work = tmp_path / "work" / name
         info = json.loads((work / "study_run.json").read_text())
         assert info["attempts"][0]["rc"] == 0 and "-m areal_m2po.train" in info["command"]
+        assert info["attempts"][0]["cpu_s"] > 1.0  # the child's own CPU time (os.wait4)
         assert "training 1 steps" in (work / "train.log").read_text()
         assert (work / "done.json").exists()
     assert [r["steps_done"] for r in _rows(tmp_path / "repo" / "study.csv")] == ["1", "1"]

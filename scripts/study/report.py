@@ -70,11 +70,15 @@ def _pm(m: Any, se: Any, scale: float = 100.0, digits: int = 1) -> str:
     return text if _nan(se) else f"{text} ± {scale * se:.{digits}f}"
 
 
+def _minutes(seconds: Any) -> str:
+    return "" if _nan(seconds) else f"{seconds / 60:.0f}"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.6g}"
+        return "" if math.isnan(v) else f"{v:.8g}"
     return str(v)
 
 
@@ -157,7 +161,7 @@ def _arm_rows(rows: Sequence[dict[str, Any]], name: str, s: int) -> list[dict[st
 def arms_table(inp: ReportInputs, rows: Sequence[dict[str, Any]]) -> list[str]:
     out = [
         "| arm | s | seeds finished | final % | best % | AUC % | masked/clipped % | "
-        "behave-prox KL | m2 before masking | entropy (last 5) | collapsed | minutes/run |",
+        "behave-prox KL | m2 before masking | entropy (last 5) | collapsed | minutes/run (wall / CPU) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in inp.study_arms:
@@ -176,7 +180,8 @@ def arms_table(inp: ReportInputs, rows: Sequence[dict[str, Any]]) -> list[str]:
             f"{_pm(a['behave_kl'], a['behave_kl_se'], 1, 4)} | "
             f"{_pm(a['m2_before'], a['m2_before_se'], 1, 4) or 'not measured'} | "
             f"{_pm(a['entropy_last5'], a['entropy_last5_se'], 1, 2)} | "
-            f"{a['collapsed']} of {a['n']} | {_pm(a['wall_s'], a['wall_s_se'], 1 / 60, 0)} |"
+            f"{a['collapsed']} of {a['n']} | {_pm(a['wall_s'], a['wall_s_se'], 1 / 60, 0)} / "
+            f"{_pm(a['cpu_s'], a['cpu_s_se'], 1 / 60, 0)} |"
         )
     return out
 
@@ -264,8 +269,8 @@ def runs_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     out = [
         "| arm | s | seed | done | initial | final | best (update) | AUC | masked/clipped % | "
         "behave-prox KL | m2 before | entropy (last 5) | collapsed | no-EOS % (last 5) | "
-        "updates (with signal) | minutes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "updates (with signal) | s/update (median) | s/eval | minutes (wall / CPU) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
@@ -275,7 +280,8 @@ def runs_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"{_pct(r['masked_or_clipped_fraction'], 2)} | {_num(r['behave_kl'], 4)} | "
             f"{_num(r['m2_before'], 4)} | {_num(r['entropy_last5'])} | {_fmt(r['collapsed'])} | "
             f"{_pct(r['no_eos_last5'])} | {r['steps_done']}/{r['steps_planned']} "
-            f"({r['updates_with_signal']}) | {_num(r['wall_s'] / 60 if r['wall_s'] != '' else '', 0)} |"
+            f"({r['updates_with_signal']}) | {_num(r['step_s_median'], 1)} | "
+            f"{_num(r['eval_s_mean'], 0)} | {_minutes(r['wall_s'])} / {_minutes(r['cpu_s'])} |"
         )
     return out
 

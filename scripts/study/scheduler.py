@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import shlex
 import shutil
 import subprocess
@@ -229,6 +230,7 @@ def _record_attempt(run_dir: str, attempt: dict[str, Any]) -> dict[str, Any]:
     info["attempts"] = [*attempts, attempt]
     done = [a for a in info["attempts"] if "wall_s" in a]
     info["wall_s"] = round(sum(a["wall_s"] for a in done), 1)
+    info["cpu_s"] = round(sum(a.get("cpu_s", 0.0) for a in done), 1)
     info["command"] = attempt["command"]
     with open(path + ".tmp", "w") as fh:
         json.dump(info, fh, indent=1)
@@ -243,14 +245,27 @@ def _resume_step(run_dir: str) -> int:
     return found[-1][0] if found else 0
 
 
-def _train(cmd: list[str], spec: RunSpec, in_process: bool, env: dict[str, str]) -> int:
+def _train(
+    cmd: list[str], spec: RunSpec, in_process: bool, env: dict[str, str]
+) -> tuple[int, float]:
+    """(exit status, CPU seconds) of one training attempt.
+
+    The CPU time (user + system of the run's process, or of this process in-process) does not
+    grow when other jobs share the cores, so with one thread per run it estimates the run's
+    wall time on an idle machine."""
     if in_process:
         from areal_m2po.api.config_loader import load_config
         from areal_m2po.trainer.rl_trainer import run
 
-        return int(run(load_config(list(spec.overrides))) or 0)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        rc = int(run(load_config(list(spec.overrides))) or 0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        return rc, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     with open(os.path.join(spec.run_dir, "train.log"), "a") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # the rusage of this child alone
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def execute(spec: RunSpec, steps: int, opts: RunOptions, devices: str | None = None) -> int:
@@ -268,11 +283,13 @@ def execute(spec: RunSpec, steps: int, opts: RunOptions, devices: str | None = N
         attempt["cuda_visible_devices"] = devices
     _record_attempt(spec.run_dir, attempt)
     t0 = time.perf_counter()
-    rc = _train(cmd, spec, opts.in_process, worker_env(opts.threads, devices))
+    rc, cpu_s = _train(cmd, spec, opts.in_process, worker_env(opts.threads, devices))
     attempt.update(rc=rc, wall_s=round(time.perf_counter() - t0, 1), end=time.time())
+    attempt["cpu_s"] = round(cpu_s, 1)
     info = _record_attempt(spec.run_dir, attempt)
     if rc == 0 and reached_end(spec.run_dir, steps):
-        done = {"steps": steps, "wall_s": info["wall_s"], "commit": opts.commit}
+        done = {"steps": steps, "wall_s": info["wall_s"], "cpu_s": info["cpu_s"]}
+        done["commit"] = opts.commit
         done.update(attempts=len(info["attempts"]), finished=time.time())
         with open(os.path.join(spec.run_dir, DONE_FILE), "w") as fh:
             json.dump(done, fh, indent=1)

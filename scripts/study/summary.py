@@ -44,6 +44,9 @@ RUN_COLUMNS = (
     "mean_reward_last5",
     "no_eos_last5",
     "wall_s",
+    "cpu_s",
+    "step_s_median",
+    "eval_s_mean",
     "done",
     "run_dir",
 )
@@ -58,6 +61,14 @@ def t975(df: int) -> float:
 def mean(xs: Sequence[Any]) -> float:
     vals = [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
     return sum(vals) / len(vals) if vals else float("nan")
+
+
+def median(xs: Sequence[Any]) -> float:
+    vals = sorted(float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x))
+    if not vals:
+        return float("nan")
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
 def stderr(xs: Sequence[Any]) -> float:
@@ -130,9 +141,13 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     row["mean_reward_last5"] = mean([r.get("reward/mean") for r in train[-5:]])
     row["no_eos_last5"] = mean([r.get("rollout/no_eos_fraction") for r in train[-5:]])
     row["entropy_last5"] = mean([r.get("actor/entropy") for r in train[-5:]])
+    row["step_s_median"] = median([r.get("timing/step_s") for r in train])
+    row["eval_s_mean"] = mean([r.get("timing/eval_s") for r in records if "eval/accuracy" in r])
     info = read_json(f"{run_dir}/study_run.json") or {}
     if "wall_s" in info:
         row["wall_s"] = float(info["wall_s"])
+    if "cpu_s" in info:
+        row["cpu_s"] = float(info["cpu_s"])
     row["done"] = read_json(f"{run_dir}/done.json") is not None
     return row
 
@@ -146,6 +161,7 @@ ARM_STATS = (
     "m2_before",
     "entropy_last5",
     "wall_s",
+    "cpu_s",
 )
 
 
