@@ -13,8 +13,9 @@ Printed, as ``name=value`` lines:
   as they exist during the update). Ideal 0.5 on 2 processes.
 * ``fsdp_peak_mem_ratio``: per-rank peak resident memory during the timed updates, above the
   process's resident memory before the model was built (sampled every 2 ms from
-  ``/proc/self/statm``; freed heap returned with ``malloc_trim`` first), FSDP2 over DDP; the
-  larger of the two ranks for each.
+  ``/proc/self/statm``; freed heap returned with ``malloc_trim`` first, and blocks of 1 MiB or
+  more always mmapped so freed buffers leave the resident set), FSDP2 over DDP; the larger of
+  the two ranks for each.
 * ``fsdp_step_time_ratio``: mean update time (slowest rank) FSDP2 over DDP. On a shared CPU this
   is communication (gloo all-gathers and reduce-scatters) against compute; no goal here.
 
@@ -198,7 +199,9 @@ def _launch(backend: str, out_path: str, argv: list[str]) -> None:
         out_path,
         *argv,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # large blocks always mmapped (glibc's dynamic threshold off), so a freed gather buffer
+    # leaves the resident set at once instead of staying in a fragmented heap
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_=str(2**20))
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

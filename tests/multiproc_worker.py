@@ -1,7 +1,8 @@
 """One PPO update of the tiny model on a fixed global batch, in 1 or N processes.
 
     python tests/multiproc_worker.py OUT.pt                                  # one process
-    accelerate launch --multi_gpu --num_processes 2 tests/multiproc_worker.py OUT.pt [fsdp2]
+    accelerate launch --multi_gpu --num_processes 2 tests/multiproc_worker.py OUT.pt \
+        [ddp | fsdp2 | fsdp2+accumulate]
 
 Every process builds the same global batch (seeded, independent of the rank) with stale
 behaviour log-probs, so M2PO masks some tokens, and keeps its contiguous share of whole groups,
@@ -60,7 +61,12 @@ def main(out_path: str, backend: str = "ddp") -> None:
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
-    from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec, OptimizerConfig
+    from areal_m2po.api.cli_args import (
+        ActorConfig,
+        FSDPEngineConfig,
+        MicroBatchSpec,
+        OptimizerConfig,
+    )
     from areal_m2po.engine.train_engine import HFTrainEngine
     from areal_m2po.trainer.ppo import actor as actor_mod
     from areal_m2po.utils import dist
@@ -75,7 +81,9 @@ def main(out_path: str, backend: str = "ddp") -> None:
         ppo_n_minibatches=1,  # minibatches are cut per rank: only one is rank-invariant
         mb_spec=MicroBatchSpec(n_mbs=2),
         optimizer=OptimizerConfig(type="sgd", lr=0.1, beta1=0.0),
-        backend=backend,
+        backend=backend.split("+")[0],
+        # fsdp2+accumulate: no reduce-scatter before the last micro-batch
+        fsdp=FSDPEngineConfig(accumulate_unsharded_grads=backend.endswith("+accumulate")),
     )
     engine = HFTrainEngine(cfg, accelerator, total_steps=2)
     actor = actor_mod.PPOActor(cfg, engine, group_size=GROUP, max_new_tokens=COMPLETION_MAX)

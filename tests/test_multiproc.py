@@ -141,6 +141,20 @@ def test_one_update_equal_with_one_and_two_processes(tmp_path):
         torch.testing.assert_close(f["state_after_uneven"][name], w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_fsdp2_accumulating_unsharded_grads_gives_the_same_update(tmp_path):
+    """actor.fsdp.accumulate_unsharded_grads: one reduce-scatter after the last micro-batch."""
+    worker = str(TESTS / "multiproc_worker.py")
+    one, acc = tmp_path / "one.pt", tmp_path / "acc.pt"
+    _check(
+        [
+            _popen([sys.executable, worker, str(one)], tmp_path),
+            _popen([*_launch(2), worker, str(acc), "fsdp2+accumulate"], tmp_path),
+        ]
+    )
+    _assert_same_update(*(torch.load(p, weights_only=False) for p in (one, acc)))
+
+
 def _train_cmd(out: Path, steps: int, *extra: str) -> list[str]:
     return [
         "-m",

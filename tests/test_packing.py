@@ -115,9 +115,9 @@ def test_packed_equals_padded_with_gradients(attn: str, temperature: float) -> N
 
 def test_packed_without_logits_to_keep_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """Older transformers (no boolean ``logits_to_keep``): full logits, then the kept rows."""
-    from areal_m2po.engine import train_engine
+    from areal_m2po.engine import forward
 
-    monkeypatch.setattr(train_engine, "_LOGITS_TO_KEEP_MASK", False)
+    monkeypatch.setattr(forward, "_LOGITS_TO_KEEP_MASK", False)
     model = _tiny_llama()
     batch = _rollout_batch(n=6, seed=5)
     mask = batch["loss_mask"]
