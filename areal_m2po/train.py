@@ -13,7 +13,6 @@ model or data loads. Only a valid config reaches
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
@@ -21,7 +20,6 @@ from areal_m2po.api.config_loader import config_to_yaml, format_help, load_confi
 __all__ = ["main"]
 
 EXIT_BAD_CONFIG = 2
-EXIT_UNAVAILABLE = 1
 _HELP_FLAGS = ("-h", "--help")
 _PRINT_CONFIG = "--print-config"
 
@@ -31,18 +29,11 @@ def _error(message: str) -> None:
     print("error: " + " ".join(message.split()), file=sys.stderr)
 
 
-def _load_runner() -> Any:
-    """The trainer's ``run(cfg) -> int`` (imported only when a valid config is in hand)."""
-    from areal_m2po.trainer.rl_trainer import run
-
-    return run
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), then print help/config or train.
 
-    Returns the exit status: 0 for ``--help``/``--print-config``, 2 for a bad config, 1 when the
-    trainer cannot be imported, else what ``run(cfg)`` returns.
+    Returns the exit status: 0 for ``--help``/``--print-config``, 2 for a bad config, else what
+    ``run(cfg)`` returns.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in _HELP_FLAGS for a in args):
@@ -58,14 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
-    try:
-        run = _load_runner()
-    except ImportError as exc:
-        _error(
-            "training is not available: cannot import run() from "
-            f"areal_m2po.trainer.rl_trainer ({type(exc).__name__}: {exc})"
-        )
-        return EXIT_UNAVAILABLE
+    from areal_m2po.trainer.rl_trainer import run  # heavy: only once the config is valid
+
     try:
         status = run(cfg)
     except ConfigError as exc:

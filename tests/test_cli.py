@@ -222,12 +222,9 @@ def test_print_config_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == config_to_yaml(PPOConfig())
 
 
-def _fake_trainer(monkeypatch: pytest.MonkeyPatch, run: Callable | None) -> None:
-    """Install a stand-in ``areal_m2po.trainer.rl_trainer`` (None: make the import fail)."""
+def _fake_trainer(monkeypatch: pytest.MonkeyPatch, run: Callable) -> None:
+    """Install a stand-in ``areal_m2po.trainer.rl_trainer``."""
     name = "areal_m2po.trainer.rl_trainer"
-    if run is None:
-        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
-        return
     module = types.ModuleType(name)
     module.run = run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, name, module)
@@ -257,17 +254,6 @@ def test_run_status_and_config_error_from_run(
     _fake_trainer(monkeypatch, run)
     assert main(["--config", TINY]) == 2
     assert capsys.readouterr().err == "error: train_dataset.path: no such file\n"
-
-
-def test_missing_trainer_says_so(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _fake_trainer(monkeypatch, None)
-    assert main(["--config", TINY]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert err.startswith("error: training is not available")
-    assert "areal_m2po.trainer.rl_trainer" in err
 
 
 # ---------------------------------------------------------------------------------------------

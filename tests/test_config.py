@@ -50,8 +50,18 @@ def test_no_arguments_give_the_dataclass_defaults() -> None:
     assert cfg.output_dir == "outputs/m2po-arith/trial0"
 
 
-def test_cli_args_load_config_delegates() -> None:
-    assert cli_args.load_config(["actor.eps_clip=0.3"]).actor.eps_clip == 0.3
+def test_api_package_is_the_one_line_entry() -> None:
+    """``from areal_m2po.api import ActorConfig, PPOConfig, load_config`` (README): the same
+    objects as in cli_args/config_loader; cli_args itself no longer re-exports the loader (that
+    re-export made cli_args and config_loader import each other)."""
+    import areal_m2po.api as api
+    from areal_m2po.api import config_loader
+
+    assert api.PPOConfig is PPOConfig and api.ConfigError is ConfigError
+    assert api.load_config is config_loader.load_config and api.save_config is save_config
+    assert set(cli_args.__all__) < set(api.__all__)
+    assert not hasattr(cli_args, "load_config")
+    assert api.load_config(["actor.eps_clip=0.3"]).actor.eps_clip == 0.3
 
 
 @pytest.mark.parametrize(

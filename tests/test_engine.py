@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from areal_m2po.api.cli_args import ActorConfig, GenerationConfig, MicroBatchSpec
-from areal_m2po.utils.data import completion_start, concat_batches, split_microbatches
+from areal_m2po.utils.data import completion_start, split_microbatches
 
 
 @pytest.fixture(scope="module")
@@ -150,23 +150,3 @@ def test_split_microbatches_token_budget():
         assert longest * len(grp) <= 20 or len(grp) == 1
     assert len(split_microbatches(batch, n_mbs=4)) == 4
     assert len(split_microbatches(batch, n_mbs=10)) == 6
-
-
-def test_concat_batches_realigns_completions():
-    def make(p, c):
-        ids = torch.arange(p + c).repeat(2, 1)
-        lm = torch.zeros(2, p + c, dtype=torch.bool)
-        lm[:, p:] = True
-        return {
-            "input_ids": ids,
-            "attention_mask": torch.ones(2, p + c, dtype=torch.bool),
-            "loss_mask": lm,
-            "versions": torch.where(lm, 0, -1),
-            "rewards": torch.ones(2),
-        }
-
-    out = concat_batches([make(3, 2), make(5, 4)])
-    assert out["input_ids"].shape == (4, 9)
-    assert completion_start(out) == 5
-    assert out["loss_mask"].sum() == 2 * 2 + 2 * 4
-    assert (out["versions"][~out["loss_mask"]] == -1).all()

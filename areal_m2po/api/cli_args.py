@@ -15,7 +15,7 @@ This module imports nothing else of areal_m2po.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "TensorBoardConfig",
     "StatsLoggerConfig",
     "PPOConfig",
-    "load_config",
 ]
 
 
@@ -1365,25 +1364,3 @@ class RWConfig:
             )
         if self.valid_dataset is not None and self.valid_dataset.path is None:
             raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
-
-
-def load_config(argv: list[str] | None = None, cls: type = PPOConfig) -> Any:
-    """Build ``cls`` from defaults < ``--config file.yaml`` < command-line overrides.
-
-    Implemented in :mod:`areal_m2po.api.config_loader`; re-exported here because AReaL users
-    look for it in ``cli_args``.
-    """
-    from areal_m2po.api.config_loader import load_config as _load
-
-    return _load(argv, cls)
-
-
-def field_default(cls: type, name: str) -> Any:
-    """The default of field ``name`` of dataclass ``cls`` (for help rendering)."""
-    for f in fields(cls):
-        if f.name == name:
-            if f.default is not MISSING:
-                return f.default
-            if f.default_factory is not MISSING:
-                return f.default_factory()
-    raise KeyError(name)

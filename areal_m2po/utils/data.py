@@ -33,33 +33,6 @@ def select_rows(batch: Batch, index: torch.Tensor | list[int]) -> Batch:
     return {k: v.index_select(0, idx.to(v.device)) for k, v in batch.items()}
 
 
-def concat_batches(batches: list[Batch]) -> Batch:
-    """Stack batches along rows, re-padding per-token tensors to one completion column.
-
-    Prompts are left-padded and completions start at the same column ``P`` inside a batch; to
-    keep that invariant across batches, each is padded on the left to the largest ``P`` and on
-    the right to the longest tail.
-    """
-    if len(batches) == 1:
-        return dict(batches[0])
-    starts = [completion_start(b) for b in batches]
-    tails = [b["input_ids"].shape[1] - s for b, s in zip(batches, starts)]
-    p_max, tail_max = max(starts), max(tails)
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in batches[0]}
-    for b, s, tail in zip(batches, starts, tails):
-        for k, v in b.items():
-            if v.dim() == 2:
-                v = torch.nn.functional.pad(v, (p_max - s, tail_max - tail), value=_pad_value(k))
-            out[k].append(v)
-    return {k: torch.cat(vs, 0) for k, vs in out.items()}
-
-
-def _pad_value(key: str) -> int | float | bool:
-    if key == "versions":
-        return -1
-    return 0
-
-
 def completion_start(batch: Batch) -> int:
     """The column ``P`` where completions start (first column with a generated token)."""
     cols = batch["loss_mask"].any(0)
