@@ -8,8 +8,8 @@ from areal_m2po.api.cli_args import CriticConfig
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.train_engine import _TORCH_DTYPES, HFTrainEngine
 from areal_m2po.utils import dist
-from areal_m2po.utils import functional as F
 from areal_m2po.utils.data import Batch, select_rows, trim_columns
+from areal_m2po.utils.losses import ppo_critic_loss_fn
 
 
 def load_value_model(path: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
@@ -61,7 +61,7 @@ class PPOCritic:
     def _loss_fn(
         self, values: torch.Tensor, _aux: torch.Tensor, mb: Batch
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return F.ppo_critic_loss_fn(
+        return ppo_critic_loss_fn(
             values=values,
             old_values=mb["values"],
             returns=mb["returns"],
