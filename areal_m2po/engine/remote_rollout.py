@@ -155,6 +155,9 @@ class RemoteRollout:
         self._dead_events: dict[str, asyncio.Event] = {}
         self._started = 0
         self._running_samples = 0
+        # perf_counter intervals during which at least one sample was in flight
+        self.busy_intervals: list[tuple[float, float]] = []
+        self._busy_since: float | None = None
         self._version_delta = 0
         self._rr = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -266,6 +269,8 @@ class RemoteRollout:
                 index = self._started
                 self._started += 1
                 self._running_samples += n
+                if self._busy_since is None:
+                    self._busy_since = time.perf_counter()
                 task = asyncio.create_task(self._run_group(index, record, epoch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -297,6 +302,9 @@ class RemoteRollout:
             return
         finally:
             self._running_samples -= n
+            if self._running_samples == 0 and self._busy_since is not None:
+                self.busy_intervals.append((self._busy_since, time.perf_counter()))
+                self._busy_since = None
             self._wake.set()
         with self._cond:
             self._done[index] = _Group(list(samples), record, epoch, rewards, stats)
