@@ -65,7 +65,7 @@ def overlap_seconds(a: list[tuple[float, float]], b: list[tuple[float, float]]) 
 
 def _run(overrides: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train with ``overrides``; returns the metrics rows and the recorded intervals."""
-    from areal_m2po.api.cli_args import PPOConfig, load_config
+    from areal_m2po.api import PPOConfig, load_config
     from areal_m2po.trainer.rl_trainer import RLTrainer
 
     class TimedTrainer(RLTrainer):
