@@ -297,6 +297,23 @@ def test_a_finished_run_of_another_length_is_refused(study, tmp_path):
     assert study.main(args) == 2  # before any run starts
 
 
+def test_length_probe_finds_the_shortest_rewarded_prefix(study):
+    from study.length_probe import shortest_rewarded_prefix
+
+    from areal_m2po.reward.math_reward import math_reward_fn
+
+    pieces = ["5", "9", " +", " 8", "1", " =", " 1", "4", "0", ".", " Done"]
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    ids = list(range(len(pieces)))  # "59 + 81 = 140. Done"
+    # " = 14" is not rewarded (last integer 14); " = 140" is: 9 tokens
+    assert shortest_rewarded_prefix(ids, decode, math_reward_fn, "140", "") == 9
+    assert shortest_rewarded_prefix(ids, decode, math_reward_fn, "141", "") is None
+    assert shortest_rewarded_prefix(ids[:8], decode, math_reward_fn, "140", "") is None
+
+
 def test_train_command_and_device_slots(study):
     from study.runs import RunKey
     from study.scheduler import RunSpec, device_slots, train_command
