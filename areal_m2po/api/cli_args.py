@@ -307,7 +307,15 @@ class TrainEngineConfig:
 # actor
 # ---------------------------------------------------------------------------------------------
 
+# Choice lists of the loss/advantage maths, defined once: the config fields below and the pure
+# maths (areal_m2po.utils.losses / advantages) both use these tuples.
 NORM_LEVELS = ("batch", "group", None)
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+REJECTION_ACTIONS = ("mask", "clamp")
+REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+REJECTION_AGGS = ("mean", "sum", "max")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass
@@ -351,20 +359,20 @@ class RejectionSamplingConfig:
     """Masked / truncated importance sampling over the behaviour-vs-proximal discrepancy."""
 
     level: str = _field(
-        "token", "Act per token or per whole sequence.", choices=("token", "sequence")
+        "token", "Act per token or per whole sequence.", choices=IMPORTANCE_SAMPLING_LEVELS
     )
     action: str = _field(
         "mask",
         "Drop out-of-range tokens/sequences, or clamp the weight into range.",
-        choices=("mask", "clamp"),
+        choices=REJECTION_ACTIONS,
     )
     metric: str = _field(
         "ratio",
         "The quantity bounded: the importance ratio pi_prox/pi_behave, or a KL estimator of it.",
-        choices=("ratio", "kl_k1", "kl_k2", "kl_k3"),
+        choices=REJECTION_METRICS,
     )
     agg: str = _field(
-        "mean", "How a sequence-level metric aggregates its tokens.", choices=("mean", "sum", "max")
+        "mean", "How a sequence-level metric aggregates its tokens.", choices=REJECTION_AGGS
     )
     upper: float | None = _field(2.0, "Upper bound (null: none).")
     lower: float | None = _field(None, "Lower bound (null: none).")
@@ -385,9 +393,6 @@ class RejectionSamplingConfig:
                 raise ConfigError("lower", f"must be >= 0 for metric {self.metric!r}")
         if self.action == "clamp" and self.metric != "ratio":
             raise ConfigError("action", "clamp is only defined for metric 'ratio'")
-
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass
@@ -454,7 +459,9 @@ class ActorConfig(TrainEngineConfig):
         "always applied.",
     )
     importance_sampling_level: str = _field(
-        "token", "Ratio per token (PPO) or per sequence (GSPO).", choices=("token", "sequence")
+        "token",
+        "Ratio per token (PPO) or per sequence (GSPO).",
+        choices=IMPORTANCE_SAMPLING_LEVELS,
     )
     loss_agg_mode: str = _field(
         "token-mean",
@@ -485,7 +492,7 @@ class ActorConfig(TrainEngineConfig):
         "k1",
         "KL estimator of the reward penalty; each token's estimate is clamped to [-10, 10] "
         "(as AReaL's).",
-        choices=("k1", "k2", "k3"),
+        choices=KL_ESTIMATORS,
     )
     kl_logp: str = _field(
         "proximal",

@@ -6,8 +6,8 @@ unless a docstring says otherwise; ``loss_mask`` is a ``torch.bool`` ``[B, T]`` 
 generated tokens that count ("valid" tokens); log-probs are in nats, aligned to their token, and
 arbitrary at masked positions (never read unmasked).
 
-The module imports only torch, the standard library and the other pure-maths modules of
-``areal_m2po.utils``, keeps no state and has no import-time side effects.
+The module imports only torch, the standard library, the choice lists of
+:mod:`areal_m2po.api.cli_args` and the other pure-maths modules of ``areal_m2po.utils``, keeps no state and has no import-time side effects.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from areal_m2po.api.cli_args import KL_ESTIMATORS, NORM_LEVELS
 from areal_m2po.utils.checks import check_bool_mask as _check_bool_mask
 from areal_m2po.utils.checks import check_choice as _check_choice
 from areal_m2po.utils.checks import check_real as _check_real
@@ -31,9 +32,6 @@ __all__ = [
     "overlong_reward_penalty",
     "reward_transform",
 ]
-
-_KL_ESTIMATORS = ("k1", "k2", "k3")
-_NORM_LEVELS = ("batch", "group", None)
 
 
 def kl_estimate(
@@ -58,7 +56,7 @@ def kl_estimate(
     _check_tensor("logprobs", logprobs, floating=True)
     _check_tensor("ref_logprobs", ref_logprobs, floating=True)
     _check_same_shape("logprobs", logprobs, ref_logprobs=ref_logprobs)
-    _check_choice("estimator", estimator, _KL_ESTIMATORS)
+    _check_choice("estimator", estimator, KL_ESTIMATORS)
     bound = None
     if clamp is not None:
         bound = _check_real("clamp", clamp)
@@ -149,8 +147,8 @@ def _check_norm_args(
     batch: int,
     mean_leave1out: bool,
 ) -> int | None:
-    _check_choice("mean_level", mean_level, _NORM_LEVELS)
-    _check_choice("std_level", std_level, _NORM_LEVELS)
+    _check_choice("mean_level", mean_level, NORM_LEVELS)
+    _check_choice("std_level", std_level, NORM_LEVELS)
     if mean_leave1out and mean_level is None:
         raise ValueError("mean_leave1out=True requires mean_level 'batch' or 'group'")
     if "group" in (mean_level, std_level):

@@ -4,8 +4,9 @@ Code ported from AReaL imports ``ppo_actor_loss_fn``, ``sapo_loss_fn``, ``ppo_cr
 and friends from ``areal.utils.functional``; the same names import from here. The maths
 lives in modules named after what they hold:
 
-* :mod:`areal_m2po.utils.losses`: PPO/SAPO/critic losses, loss aggregation, rejection
-  sampling, the token/sequence policy ratio;
+* :mod:`areal_m2po.utils.losses`: PPO/SAPO/critic losses, loss aggregation, the
+  token/sequence policy ratio;
+* :mod:`areal_m2po.utils.rejection_sampling`: masked/truncated behaviour weights;
 * :mod:`areal_m2po.utils.advantages`: reward shaping, overlong penalty, KL estimators,
   group/token normalisation, GAE;
 * :mod:`areal_m2po.utils.logprobs`: chunked label log-probs and entropy;
@@ -28,8 +29,10 @@ from areal_m2po.utils.advantages import (
 from areal_m2po.utils.logprobs import gather_logprobs_entropy
 from areal_m2po.utils.losses import (
     LOSS_AGG_MODES,
+    PPOLossSpec,
     agg_loss,
     agg_loss_weight,
+    ppo_actor_loss,
     ppo_actor_loss_fn,
     ppo_critic_loss_fn,
     sapo_loss_fn,
@@ -44,6 +47,7 @@ from areal_m2po.utils.reductions import masked_mean, masked_sum, masked_var
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "PPOLossSpec",
     "agg_loss",
     "agg_loss_weight",
     "apply_m2po_masking",
@@ -59,6 +63,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "overlong_reward_penalty",
+    "ppo_actor_loss",
     "ppo_actor_loss_fn",
     "ppo_critic_loss_fn",
     "reward_transform",

@@ -1,6 +1,6 @@
-"""Policy and value losses: clipped/decoupled PPO, SAPO, the clipped critic loss, their
-aggregation over tokens and sequences, rejection sampling on the behaviour drift, and the
-token/sequence (GSPO) policy ratio.
+"""Policy and value losses: clipped/decoupled PPO (options in :class:`PPOLossSpec`), SAPO, the
+clipped critic loss, their aggregation over tokens and sequences, and the token/sequence (GSPO)
+policy ratio. Rejection sampling lives in :mod:`areal_m2po.utils.rejection_sampling`.
 
 Conventions: per-token tensors are padded 2-D ``[B, T]`` (``B`` sequences, ``T`` positions)
 unless a docstring says otherwise; ``loss_mask`` is a ``torch.bool`` ``[B, T]`` tensor, True on
@@ -15,37 +15,42 @@ arbitrary at masked positions (never read unmasked).
   a masked token removes its own gradient without inflating the others' (M2PO paper's
   objective; AReaL instead divides by the kept count inside a micro-batch).
 
-The module imports only torch, the standard library and the other pure-maths modules of
-``areal_m2po.utils``, keeps no state and has no import-time side effects.
+The module imports only torch, the standard library, the config tree
+(:mod:`areal_m2po.api.cli_args`: choice lists, ``ActorConfig``) and the other pure-maths
+modules of ``areal_m2po.utils``; it keeps no state and has no import-time side effects.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from areal_m2po.utils.advantages import kl_estimate
+from areal_m2po.api.cli_args import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_AGG_MODES,
+    ActorConfig,
+    RejectionSamplingConfig,
+)
 from areal_m2po.utils.checks import check_bool_mask as _check_bool_mask
 from areal_m2po.utils.checks import check_choice as _check_choice
 from areal_m2po.utils.checks import check_real as _check_real
 from areal_m2po.utils.checks import check_same_shape as _check_same_shape
 from areal_m2po.utils.checks import check_tensor as _check_tensor
 from areal_m2po.utils.reductions import compute_dtype, masked_sum, stat_scalar
+from areal_m2po.utils.rejection_sampling import apply_rejection_sampling, as_rejection_config
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "PPOLossSpec",
     "agg_loss",
     "agg_loss_weight",
+    "ppo_actor_loss",
     "ppo_actor_loss_fn",
     "ppo_critic_loss_fn",
     "sapo_loss_fn",
 ]
-
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_IS_LEVELS = ("token", "sequence")
 
 
 # --------------------------------------------------------------------------------------
@@ -127,107 +132,6 @@ def agg_loss(
 
 
 # --------------------------------------------------------------------------------------
-# Rejection sampling (truncated / masked importance sampling on the behaviour drift)
-# --------------------------------------------------------------------------------------
-
-
-def _rs_get(spec: Any, name: str, default: Any) -> Any:
-    if isinstance(spec, Mapping):
-        return spec.get(name, default)
-    return getattr(spec, name, default)
-
-
-def _parse_rejection_sampling(spec: Any) -> dict[str, Any] | None:
-    if spec is None:
-        return None
-    cfg = {
-        "level": _rs_get(spec, "level", "token"),
-        "action": _rs_get(spec, "action", "mask"),
-        "metric": _rs_get(spec, "metric", "ratio"),
-        "agg": _rs_get(spec, "agg", "mean"),
-        "upper": _rs_get(spec, "upper", None),
-        "lower": _rs_get(spec, "lower", None),
-    }
-    _check_choice("rejection_sampling.level", cfg["level"], _IS_LEVELS)
-    _check_choice("rejection_sampling.action", cfg["action"], ("mask", "clamp"))
-    _check_choice("rejection_sampling.metric", cfg["metric"], ("ratio", "kl_k1", "kl_k2", "kl_k3"))
-    _check_choice("rejection_sampling.agg", cfg["agg"], ("mean", "sum", "max"))
-    for b in ("upper", "lower"):
-        if cfg[b] is not None:
-            cfg[b] = _check_real(f"rejection_sampling.{b}", cfg[b])
-            if math.isnan(cfg[b]):
-                raise ValueError(f"rejection_sampling.{b} must not be NaN")
-    if cfg["upper"] is not None and cfg["lower"] is not None and cfg["lower"] > cfg["upper"]:
-        raise ValueError(
-            f"rejection_sampling.lower ({cfg['lower']}) must be <= upper ({cfg['upper']})"
-        )
-    if cfg["action"] == "clamp" and cfg["metric"] != "ratio":
-        raise ValueError(
-            f"rejection_sampling.action='clamp' needs metric='ratio', got {cfg['metric']!r}"
-        )
-    return cfg
-
-
-def _in_bounds(metric: torch.Tensor, lower: float | None, upper: float | None) -> torch.Tensor:
-    ok = torch.ones_like(metric, dtype=torch.bool)
-    if lower is not None:
-        ok &= metric >= lower
-    if upper is not None:
-        ok &= metric <= upper
-    return ok
-
-
-def _apply_rejection_sampling(
-    cfg: dict[str, Any],
-    log_w: torch.Tensor,
-    cand: torch.Tensor,
-    prox: torch.Tensor,
-    old: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Returns ``(keep_rs, w, affected)``: bool keep mask, behaviour weight to use, and the
-    tokens rejected (mask) or whose weight was clamped (clamp). ``log_w`` is 0 off ``cand``."""
-    w = torch.exp(log_w)
-    lower, upper = cfg["lower"], cfg["upper"]
-    if cfg["metric"] == "ratio":
-        metric = w
-    else:
-        metric = torch.where(cand, kl_estimate(prox, old, cfg["metric"][3:]), 0.0)
-    no_bounds = lower is None and upper is None
-    if cfg["level"] == "token":
-        if cfg["action"] == "mask":
-            keep = _in_bounds(metric, lower, upper)
-            return keep, w, cand & ~keep
-        w_new = w if no_bounds else w.clamp(min=lower, max=upper)
-        return torch.ones_like(cand), w_new, cand & (w_new != w)
-    # sequence level
-    if log_w.ndim != 2:
-        raise ValueError("rejection_sampling.level='sequence' needs [B, T] tensors")
-    n_row = cand.sum(dim=1, keepdim=True)
-    empty = n_row == 0
-    if cfg["metric"] == "ratio":
-        # aggregate in log space (geometric mean / product / max ratio); the sequence's
-        # geometric-mean ratio becomes every token's behaviour weight (AReaL semantics)
-        vals = log_w
-        w = torch.exp(vals.sum(dim=1, keepdim=True) / n_row.clamp(min=1)).expand_as(log_w)
-    else:
-        vals = metric
-    if cfg["agg"] == "sum":
-        seq = vals.sum(dim=1, keepdim=True)
-    elif cfg["agg"] == "mean":
-        seq = vals.sum(dim=1, keepdim=True) / n_row.clamp(min=1)
-    else:
-        seq = torch.where(cand, vals, -math.inf).amax(dim=1, keepdim=True)
-        seq = torch.where(empty, torch.zeros_like(seq), seq)
-    seq_metric = torch.exp(seq) if cfg["metric"] == "ratio" else seq
-    ok = _in_bounds(seq_metric, lower, upper) | empty
-    if cfg["action"] == "mask":
-        keep = ok.expand_as(cand)
-        return keep, w, cand & ~keep
-    w_new = w if no_bounds else torch.where(ok, w, w.clamp(min=lower, max=upper))
-    return torch.ones_like(cand), w_new, cand & (w_new != w)
-
-
-# --------------------------------------------------------------------------------------
 # Policy / value losses
 # --------------------------------------------------------------------------------------
 
@@ -284,20 +188,157 @@ def _check_loss_inputs(
     _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
 
 
-def ppo_actor_loss_fn(
+@dataclass(frozen=True)
+class PPOLossSpec:
+    """The options of the clipped PPO loss, checked once: build it once (e.g. with
+    :meth:`from_actor_config`) and pass it to :func:`ppo_actor_loss` on every micro-batch.
+
+    Attributes:
+        eps_clip: lower clip range (>= 0): the ratio is clipped to
+            ``[1 - eps_clip, 1 + eps_clip_higher]``.
+        eps_clip_higher: upper clip range (>= 0); None = ``eps_clip``.
+        c_clip: dual-clip constant (> 1) for negative advantages; None = off.
+        rejection_sampling: None, a :class:`RejectionSamplingConfig`, or a mapping/object with
+            its field names (see :func:`as_rejection_config`); stored as the config.
+        importance_sampling_level: "token" (PPO) or "sequence" (GSPO).
+        loss_agg_mode, max_tokens_norm: see :func:`agg_loss`.
+    """
+
+    eps_clip: float
+    eps_clip_higher: float | None = None
+    c_clip: float | None = None
+    rejection_sampling: Any = None
+    importance_sampling_level: str = "token"
+    loss_agg_mode: str = "token-mean"
+    max_tokens_norm: int | None = None
+
+    def __post_init__(self) -> None:
+        eps_lo = _check_real("eps_clip", self.eps_clip)
+        if not eps_lo >= 0:
+            raise ValueError(f"eps_clip must be >= 0, got {eps_lo}")
+        object.__setattr__(self, "eps_clip", eps_lo)
+        if self.eps_clip_higher is not None:
+            eps_hi = _check_real("eps_clip_higher", self.eps_clip_higher)
+            if not eps_hi >= 0:
+                raise ValueError(f"eps_clip_higher must be >= 0, got {eps_hi}")
+            object.__setattr__(self, "eps_clip_higher", eps_hi)
+        if self.c_clip is not None:
+            cc = _check_real("c_clip", self.c_clip)
+            if not cc > 1.0:
+                raise ValueError(f"c_clip must be > 1, got {cc}")
+            object.__setattr__(self, "c_clip", cc)
+        _check_choice(
+            "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
+        )
+        _check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        rs = as_rejection_config(self.rejection_sampling)
+        object.__setattr__(self, "rejection_sampling", rs)
+
+    @property
+    def eps_clip_upper(self) -> float:
+        """The upper clip range: ``eps_clip_higher``, or ``eps_clip`` when that is None."""
+        return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
+
+    @classmethod
+    def from_actor_config(cls, config: ActorConfig, max_tokens_norm: int | None) -> PPOLossSpec:
+        """The spec of an actor's loss; rejection sampling only applies with the decoupled loss.
+
+        ``max_tokens_norm`` is the Dr. GRPO normaliser (the generation budget).
+        """
+        return cls(
+            eps_clip=config.eps_clip,
+            eps_clip_higher=config.eps_clip_higher,
+            c_clip=config.c_clip,
+            rejection_sampling=config.rejection_sampling if config.use_decoupled_loss else None,
+            importance_sampling_level=config.importance_sampling_level,
+            loss_agg_mode=config.loss_agg_mode,
+            max_tokens_norm=max_tokens_norm,
+        )
+
+
+def _behaviour_weight(
+    rs: RejectionSamplingConfig | None,
+    prox: torch.Tensor,
+    old: torch.Tensor,
+    valid: torch.Tensor,
+    cand: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(w, keep, affected)``: the behaviour weight ``exp(prox - old)`` (bounded by ``rs``), the
+    numerator tokens and the tokens rejected or clamped, all ``[B, T]``. ``cand`` are the valid
+    tokens M2PO kept; tokens outside it keep their raw weight (for the statistics)."""
+    log_w = torch.where(valid, prox - old, 0.0)
+    if rs is None:
+        return torch.exp(log_w), cand, torch.zeros_like(valid)
+    keep_rs, w, affected = apply_rejection_sampling(
+        rs, torch.where(cand, log_w, 0.0), cand, prox, old
+    )
+    return torch.where(cand, w, torch.exp(log_w)), cand & keep_rs, affected
+
+
+def _clipped_pg(
+    ratio: torch.Tensor, adv: torch.Tensor, spec: PPOLossSpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pg, clip_active, dual_active)``: the clipped (dual-clipped) token policy loss and the
+    bool ``[B, T]`` tokens on its clipped / dual-clip branch."""
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - spec.eps_clip, 1.0 + spec.eps_clip_upper)
+    clip_active = pg2.detach() > pg1.detach()
+    pg = torch.maximum(pg1, pg2)
+    if spec.c_clip is None:
+        return pg, clip_active, torch.zeros_like(clip_active)
+    pg3 = -adv * float(spec.c_clip)
+    dual_active = (adv < 0) & (pg3 < pg.detach())
+    return torch.where(dual_active, pg3, pg), clip_active, dual_active
+
+
+@torch.no_grad()
+def _ppo_stats(
+    loss: torch.Tensor,
+    valid: torch.Tensor,
+    fractions: dict[str, torch.Tensor],
+    ratio: torch.Tensor,
+    w: torch.Tensor,
+    approx_kl: tuple[torch.Tensor, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The loss statistics: ``fractions`` (bool ``[B, T]`` masks) and ``approx_kl`` (``[B, T]``
+    proximal - current and behaviour - proximal) are averaged over the valid tokens."""
+    dev = loss.device
+    n_valid = valid.sum().clamp(min=1)
+    r = ratio.detach()
+    has_valid = bool(valid.any())
+
+    def _mean(x: torch.Tensor) -> torch.Tensor:
+        return stat_scalar(masked_sum(x.to(torch.float64), valid) / n_valid, dev)
+
+    def _ext(x: torch.Tensor, fn: str) -> torch.Tensor:
+        if not has_valid:
+            return stat_scalar(0.0, dev)
+        return stat_scalar(getattr(x[valid], fn)(), dev)
+
+    frac = {k: stat_scalar(m.sum() / n_valid, dev) for k, m in fractions.items()}
+    return {
+        "actor/clip_fraction": frac["actor/clip_fraction"],
+        "actor/dual_clip_fraction": frac["actor/dual_clip_fraction"],
+        "actor/importance_weight": _mean(r),
+        "actor/importance_weight_max": _ext(r, "max"),
+        "actor/importance_weight_min": _ext(r, "min"),
+        "actor/approx_kl": _mean(approx_kl[0]),
+        "actor/behave_imp_weight": _mean(w),
+        "actor/behave_imp_weight_max": _ext(w, "max"),
+        "actor/behave_approx_kl": _mean(approx_kl[1]),
+        "actor/rejected_fraction": frac["actor/rejected_fraction"],
+        "actor/pg_loss": stat_scalar(loss, dev),
+    }
+
+
+def ppo_actor_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    eps_clip: float,
     loss_mask: torch.Tensor,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    rejection_sampling: Any = None,
-    importance_sampling_level: str = "token",
+    spec: PPOLossSpec,
     m2po_mask: torch.Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
-    max_tokens_norm: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped (decoupled) PPO policy loss with dual clip, GSPO, rejection sampling and M2PO.
 
@@ -307,24 +348,18 @@ def ppo_actor_loss_fn(
     ``A < 0`` get ``min(loss, -A c_clip)``. The loss is multiplied by the detached behaviour
     weight ``w = exp(proximal_logprobs - old_logprobs)`` (1 when proximal == old: pass
     ``old_logprobs=proximal_logprobs`` for AReaL's decoupled loss without rejection sampling,
-    which applies no behaviour weight), possibly clamped by ``rejection_sampling``. Numerator tokens: ``loss_mask & m2po_mask & rejection
-    keep``; denominators from ``loss_mask`` (see :func:`agg_loss`).
+    which applies no behaviour weight), possibly bounded by ``spec.rejection_sampling``
+    ("mask" drops tokens/sequences out of ``[lower, upper]``; "clamp" clamps ``w``).
+    Numerator tokens: ``loss_mask & m2po_mask & rejection keep``; denominators from
+    ``loss_mask`` (see :func:`agg_loss`).
 
     Args:
         logprobs: float ``[B, T]`` current policy log-probs (differentiable).
         proximal_logprobs: ``[B, T]`` policy at step start (ratio reference; detached here).
         old_logprobs: ``[B, T]`` behaviour log-probs from generation (detached here).
         advantages: ``[B, T]`` (detached here).
-        eps_clip: >= 0; eps_clip_higher: >= 0 or None; c_clip: > 1 or None.
         loss_mask: bool ``[B, T]``; m2po_mask: bool ``[B, T]`` or None.
-        rejection_sampling: None or an object/dict with ``level`` ("token"|"sequence"),
-            ``action`` ("mask"|"clamp"), ``metric`` ("ratio"|"kl_k1"|"kl_k2"|"kl_k3", of
-            proximal vs behaviour), ``agg`` ("mean"|"sum"|"max", sequence level; ratios are
-            aggregated in log space and, at sequence level, the geometric-mean ratio becomes
-            the sequence's behaviour weight), ``upper``/``lower`` (float|None). "mask" drops
-            tokens/sequences out of ``[lower, upper]``; "clamp" (metric "ratio" only) clamps w.
-        importance_sampling_level: "token" or "sequence" (GSPO).
-        loss_agg_mode, max_tokens_norm: see :func:`agg_loss`.
+        spec: the loss options (:class:`PPOLossSpec`).
     Returns:
         ``(loss, stats)``; stats (means over valid tokens unless named otherwise):
         ``actor/clip_fraction``, ``actor/dual_clip_fraction`` (kept tokens whose clipped /
@@ -336,25 +371,12 @@ def ppo_actor_loss_fn(
     _check_loss_inputs(
         loss_mask,
         m2po_mask,
-        loss_agg_mode,
+        spec.loss_agg_mode,
         logprobs=logprobs,
         proximal_logprobs=proximal_logprobs,
         old_logprobs=old_logprobs,
         advantages=advantages,
     )
-    eps_lo = _check_real("eps_clip", eps_clip)
-    if not eps_lo >= 0:
-        raise ValueError(f"eps_clip must be >= 0, got {eps_lo}")
-    eps_hi = eps_lo if eps_clip_higher is None else _check_real("eps_clip_higher", eps_clip_higher)
-    if not eps_hi >= 0:
-        raise ValueError(f"eps_clip_higher must be >= 0, got {eps_hi}")
-    if c_clip is not None:
-        cc = _check_real("c_clip", c_clip)
-        if not cc > 1.0:
-            raise ValueError(f"c_clip must be > 1, got {cc}")
-    _check_choice("importance_sampling_level", importance_sampling_level, _IS_LEVELS)
-    rs_cfg = _parse_rejection_sampling(rejection_sampling)
-
     dtype = compute_dtype(logprobs, proximal_logprobs, old_logprobs, advantages)
     valid = loss_mask
     lp = logprobs.to(dtype)
@@ -362,63 +384,40 @@ def ppo_actor_loss_fn(
     old = old_logprobs.detach().to(dtype)
     adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
     cand = valid if m2po_mask is None else valid & m2po_mask
+    w, keep, affected = _behaviour_weight(spec.rejection_sampling, prox, old, valid, cand)
+    ratio, adv = _policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
+    pg, clip_active, dual_active = _clipped_pg(ratio, adv, spec)
+    loss = agg_loss(pg * w, keep, valid, spec.loss_agg_mode, spec.max_tokens_norm)
+    fractions = {
+        "actor/clip_fraction": clip_active & keep,
+        "actor/dual_clip_fraction": dual_active & keep,
+        "actor/rejected_fraction": affected,
+    }
+    kl_terms = (prox - lp.detach(), old - prox)
+    return loss, _ppo_stats(loss, valid, fractions, ratio, w, kl_terms)
 
-    log_w = torch.where(valid, prox - old, 0.0)
-    if rs_cfg is None:
-        w = torch.exp(log_w)
-        keep = cand
-        affected = torch.zeros_like(valid)
-    else:
-        keep_rs, w, affected = _apply_rejection_sampling(
-            rs_cfg, torch.where(cand, log_w, 0.0), cand, prox, old
-        )
-        # tokens outside cand (M2PO-masked) keep their raw weight for the statistics
-        w = torch.where(cand, w, torch.exp(log_w))
-        keep = cand & keep_rs
 
-    ratio, adv = _policy_ratio(lp, prox, adv, valid, keep, importance_sampling_level)
-    clipped = ratio.clamp(1.0 - eps_lo, 1.0 + eps_hi)
-    pg1 = -adv * ratio
-    pg2 = -adv * clipped
-    clip_active = pg2.detach() > pg1.detach()
-    pg = torch.maximum(pg1, pg2)
-    if c_clip is not None:
-        pg3 = -adv * float(c_clip)
-        dual_active = (adv < 0) & (pg3 < pg.detach())
-        pg = torch.where(dual_active, pg3, pg)
-    else:
-        dual_active = torch.zeros_like(valid)
-    token_loss = pg * w
-    loss = agg_loss(token_loss, keep, valid, loss_agg_mode, max_tokens_norm)
+def ppo_actor_loss_fn(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    loss_mask: torch.Tensor,
+    m2po_mask: torch.Tensor | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """AReaL's calling convention for :func:`ppo_actor_loss`: the loss options as keywords.
 
-    with torch.no_grad():
-        dev = logprobs.device
-        n_valid = valid.sum().clamp(min=1)
-        r = ratio.detach()
-        has_valid = bool(valid.any())
-
-        def _mean(x: torch.Tensor) -> torch.Tensor:
-            return stat_scalar(masked_sum(x.to(torch.float64), valid) / n_valid, dev)
-
-        def _ext(x: torch.Tensor, fn: str) -> torch.Tensor:
-            if not has_valid:
-                return stat_scalar(0.0, dev)
-            return stat_scalar(getattr(x[valid], fn)(), dev)
-
-        stats = {
-            "actor/clip_fraction": stat_scalar((clip_active & keep).sum() / n_valid, dev),
-            "actor/dual_clip_fraction": stat_scalar((dual_active & keep).sum() / n_valid, dev),
-            "actor/importance_weight": _mean(r),
-            "actor/importance_weight_max": _ext(r, "max"),
-            "actor/importance_weight_min": _ext(r, "min"),
-            "actor/approx_kl": _mean(prox - lp.detach()),
-            "actor/behave_imp_weight": _mean(w),
-            "actor/behave_imp_weight_max": _ext(w, "max"),
-            "actor/behave_approx_kl": _mean(old - prox),
-            "actor/rejected_fraction": stat_scalar(affected.sum() / n_valid, dev),
-            "actor/pg_loss": stat_scalar(loss, dev),
-        }
-    return loss, stats
+    ``options`` are the other fields of :class:`PPOLossSpec` (``eps_clip_higher``, ``c_clip``,
+    ``rejection_sampling``, ``importance_sampling_level``, ``loss_agg_mode``,
+    ``max_tokens_norm``); an unknown keyword raises ``TypeError``. Builds the spec on each
+    call; a training loop builds it once and calls :func:`ppo_actor_loss`.
+    """
+    spec = PPOLossSpec(eps_clip=eps_clip, **options)
+    return ppo_actor_loss(
+        logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, spec, m2po_mask
+    )
 
 
 def sapo_loss_fn(
@@ -467,7 +466,9 @@ def sapo_loss_fn(
         raise ValueError(f"tau_pos must be > 0, got {tp}")
     if not tn > 0:
         raise ValueError(f"tau_neg must be > 0, got {tn}")
-    _check_choice("importance_sampling_level", importance_sampling_level, _IS_LEVELS)
+    _check_choice(
+        "importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
+    )
     dtype = compute_dtype(logprobs, old_logprobs, advantages)
     valid = loss_mask
     keep = valid if m2po_mask is None else valid & m2po_mask
