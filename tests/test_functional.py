@@ -1,4 +1,5 @@
-"""Losses, advantage/reward maths and log-prob gathering in areal_m2po.utils.functional.
+"""Losses, advantage/reward maths and log-prob gathering (areal_m2po.utils.losses, .advantages,
+.logprobs, .reductions; areal_m2po.utils.functional re-exports them under AReaL's names).
 
 Expected numbers are derived by hand in the comments (or by an independent plain-torch
 reference). Tests use local torch.Generator objects and set nothing global.
@@ -11,22 +12,18 @@ import math
 import pytest
 import torch
 
-from areal_m2po.utils.functional import (
-    agg_loss,
+from areal_m2po.utils import functional
+from areal_m2po.utils.advantages import (
     gae_advantages,
-    gather_logprobs_entropy,
     group_normalize,
     kl_estimate,
-    masked_mean,
     masked_normalize,
-    masked_sum,
-    masked_var,
     overlong_reward_penalty,
-    ppo_actor_loss_fn,
-    ppo_critic_loss_fn,
     reward_transform,
-    sapo_loss_fn,
 )
+from areal_m2po.utils.logprobs import gather_logprobs_entropy
+from areal_m2po.utils.losses import agg_loss, ppo_actor_loss_fn, ppo_critic_loss_fn, sapo_loss_fn
+from areal_m2po.utils.reductions import masked_mean, masked_sum, masked_var
 
 F64 = torch.float64
 
@@ -672,26 +669,36 @@ def test_masked_normalize_batch_sum_spans_shards():
     An all-reduce returns the whole batch's sums; record those sums on the full batch and
     hand them back in the same order to each shard.
     """
-    from areal_m2po.utils import functional as F
-
     torch.manual_seed(0)
     x = torch.randn(6, 5)
     mask = torch.rand(6, 5) > 0.3
-    whole = F.masked_normalize(x, mask, mean_level="batch", std_level="batch")
+    whole = masked_normalize(x, mask, mean_level="batch", std_level="batch")
     global_sums: list[torch.Tensor] = []
 
     def record(t):
         global_sums.append(t)
         return t
 
-    F.masked_normalize(x, mask, "batch", "batch", batch_sum=record)
+    masked_normalize(x, mask, "batch", "batch", batch_sum=record)
     assert len(global_sums) == 4  # sum, count (mean); count, squared centred values (std)
     for rows in (slice(0, 2), slice(2, 6)):
         it = iter(global_sums)
-        part = F.masked_normalize(
+        part = masked_normalize(
             x[rows], mask[rows], "batch", "batch", batch_sum=lambda t, it=it: next(it)
         )
         torch.testing.assert_close(part, whole[rows])
     # without the global sums, a shard is normalised with its own statistics (different)
-    alone = F.masked_normalize(x[:2], mask[:2], "batch", "batch")
+    alone = masked_normalize(x[:2], mask[:2], "batch", "batch")
     assert not torch.allclose(alone, whole[:2])
+
+
+def test_functional_re_exports_the_areal_names():
+    """``areal_m2po.utils.functional`` keeps AReaL's import path: the same objects."""
+    from areal_m2po.utils import advantages, logprobs, losses, m2po, reductions
+
+    for mod in (advantages, logprobs, losses, m2po, reductions):
+        for name in set(mod.__all__) & set(functional.__all__):
+            assert getattr(functional, name) is getattr(mod, name), name
+    for name in ("ppo_actor_loss_fn", "sapo_loss_fn", "ppo_critic_loss_fn", "apply_m2po_masking"):
+        assert name in functional.__all__
+    assert all(hasattr(functional, n) for n in functional.__all__)

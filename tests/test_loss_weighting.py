@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec, OptimizerConfig
-from areal_m2po.utils.functional import LOSS_AGG_MODES, agg_loss, agg_loss_weight
+from areal_m2po.utils.losses import LOSS_AGG_MODES, agg_loss, agg_loss_weight
 
 F64 = torch.float64
 
