@@ -196,3 +196,55 @@ def test_resume_restarts_generation_at_the_checkpoint_version(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[2]["actor/version"] == 2
     assert rows[2]["rollout/version_min"] == rows[2]["rollout/version_max"] == 2
+
+
+@pytest.mark.slow
+def test_hung_server_is_detected_by_health_checks(tmp_path):
+    """A server that stops answering (SIGSTOP) is declared dead by the /health probes long
+    before its request would time out, with one line naming it."""
+    from areal_m2po.engine.remote_rollout import (
+        RemoteRollout,
+        RemoteRolloutOptions,
+        RolloutServerError,
+    )
+    from areal_m2po.engine.server_launcher import ServerProcesses
+    from areal_m2po.utils.staleness import StalenessBudget
+
+    servers = ServerProcesses(1, "builtin:tiny", None, "float32", "sdpa", 1, str(tmp_path))
+    addr, pid = servers.addrs[0], servers.procs[0].pid
+    remote = None
+    try:
+        import httpx
+
+        def healthy():
+            servers.check_alive()
+            try:
+                return httpx.get(f"http://{addr}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait_for(healthy, 120, "the server")
+        os.kill(pid, signal.SIGSTOP)
+        records = [{"prompt_ids": [5, 6], "prompt_text": "q", "answer": "a"}]
+        remote = RemoteRollout(
+            [addr],
+            {"temperature": 1.0},
+            max_new_tokens=4,
+            budget=StalenessBudget(1, 2, 0, 2),
+            prompt_source=lambda: (records, 0),
+            score=lambda p, c, a: ([0.0] * len(p), {}),
+            decode=lambda ids: "",
+            pad_id=0,
+            options=RemoteRolloutOptions(
+                request_timeout=600, health_check_interval=0.2, health_check_timeout=1.0
+            ),
+        )
+        remote.start()
+        with pytest.raises(RolloutServerError) as info:
+            remote.next_batch()
+        assert str(info.value) == f"rollout server {addr} did not answer /health within 1s"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        if remote is not None:
+            remote.close()
+        servers.stop()
