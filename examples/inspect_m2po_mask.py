@@ -46,7 +46,7 @@ def explain(
     The order is the library's: m2 descending, ties broken by the earlier position (row-major).
     "Running mean" is the mean m2 of the tokens still in the loss just before a decision.
     """
-    d = old_logp.float() - prox_logp.float()  # the library's float32 m2 for float32 inputs
+    d = old_logp.double() - prox_logp.double()  # the library's m2 is float64
     m2 = (d * d)[loss_mask]
     positions = loss_mask.nonzero().tolist()  # row-major, aligned with m2
     sorted_m2, order = torch.sort(m2, descending=True, stable=True)

@@ -18,7 +18,7 @@ and medians, so that the shared CPU's swings hit every contender alike:
   ``cross_entropy`` log-probs, a policy-gradient loss, backward, ``AdamW.step``.
 * ``packed_speedup``: the same update with ``mb_spec.packing=true`` (time padded / packed).
 * ``m2po_fraction_of_update``: time inside the M2PO mask (``global_m2po_mask`` and, for the
-  micro-batch scope, ``apply_m2po_masking`` + ``m2po_stats``) over the update step.
+  micro-batch scope, ``m2po.m2po_mask_and_stats``) over the update step.
 * ``rl_step_breakdown``: ``RLTrainer.train`` for a few steps (staleness 1 so the proximal
   log-probs are recomputed, ``kl_ctl`` > 0 so the reference model runs): generation (incl.
   reward) / log-prob recompute / ref / update / other, in % of the summed wall time of the
@@ -75,6 +75,7 @@ from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec  # noqa: E402
 from areal_m2po.engine.train_engine import HFTrainEngine, token_logprobs  # noqa: E402
 from areal_m2po.trainer.ppo import actor as actor_mod  # noqa: E402
 from areal_m2po.utils import functional as F  # noqa: E402
+from areal_m2po.utils import m2po as m2po_mod  # noqa: E402
 from areal_m2po.utils.data import completion_start, split_microbatches, trim_columns  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -269,8 +270,7 @@ class M2POTimer:
     def patched(self) -> Iterator[M2POTimer]:
         targets = [
             (actor_mod, "global_m2po_mask"),
-            (F, "apply_m2po_masking"),
-            (F, "m2po_stats"),
+            (m2po_mod, "m2po_mask_and_stats"),
         ]
         for mod, name in targets:
             orig = getattr(mod, name)

@@ -38,6 +38,7 @@ __all__ = [
     "check_m2_threshold",
     "m2_per_token",
     "m2po_keep_mask",
+    "m2po_mask_and_stats",
     "m2po_stats",
 ]
 
@@ -199,6 +200,15 @@ def m2po_keep_mask(m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
     return torch.empty(n, dtype=torch.bool, device=m2.device).scatter_(0, order, keep_sorted)
 
 
+def _keep_on_grid(m2: torch.Tensor, loss_mask: torch.Tensor, thr: float) -> torch.Tensor:
+    """:func:`m2po_keep_mask` of ``m2[loss_mask]`` scattered back onto the ``[B, T]`` grid."""
+    out = torch.zeros_like(loss_mask)
+    valid = m2[loss_mask]
+    if valid.numel():
+        out[loss_mask] = m2po_keep_mask(valid, thr)
+    return out
+
+
 def apply_m2po_masking(
     old_logp: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -219,12 +229,23 @@ def apply_m2po_masking(
         the errors of :func:`m2_per_token` and :func:`check_m2_threshold`.
     """
     thr = check_m2_threshold(m2_threshold)
+    return _keep_on_grid(m2_per_token(old_logp, prox_logp, loss_mask), loss_mask, thr)
+
+
+def m2po_mask_and_stats(
+    old_logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`apply_m2po_masking` and :func:`m2po_stats` of one batch, m2 computed once.
+
+    Same arguments and errors as :func:`apply_m2po_masking`; returns ``(keep, stats)``.
+    """
+    thr = check_m2_threshold(m2_threshold)
     m2 = m2_per_token(old_logp, prox_logp, loss_mask)
-    out = torch.zeros_like(loss_mask)
-    valid = m2[loss_mask]
-    if valid.numel():
-        out[loss_mask] = m2po_keep_mask(valid, thr)
-    return out
+    keep = _keep_on_grid(m2, loss_mask, thr)
+    return keep, m2po_stats(m2, loss_mask, keep, thr)
 
 
 def m2po_stats(
