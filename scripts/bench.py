@@ -74,8 +74,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec  # noqa: E402
 from areal_m2po.engine.train_engine import HFTrainEngine, token_logprobs  # noqa: E402
 from areal_m2po.trainer.ppo import actor as actor_mod  # noqa: E402
-from areal_m2po.utils import functional as F  # noqa: E402
 from areal_m2po.utils import m2po as m2po_mod  # noqa: E402
+from areal_m2po.utils.advantages import group_normalize  # noqa: E402
 from areal_m2po.utils.data import completion_start, split_microbatches, trim_columns  # noqa: E402
 
 log = logging.getLogger("bench")
@@ -205,7 +205,7 @@ def synthetic_batch(
     behave = -torch.rand(n, t, generator=g) * 3.0 * loss
     prox = (behave + 0.3 * torch.randn(n, t, generator=g)) * loss
     rewards = torch.rand(n, generator=g)
-    adv = F.group_normalize(rewards, group_size=n_samples)
+    adv = group_normalize(rewards, group_size=n_samples)
     return {
         "input_ids": ids,
         "attention_mask": attn,

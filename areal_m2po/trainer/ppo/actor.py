@@ -27,8 +27,8 @@ import torch
 
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
-from areal_m2po.utils import dist, m2po
-from areal_m2po.utils import functional as F
+from areal_m2po.utils import advantages as adv_maths
+from areal_m2po.utils import dist, losses, m2po
 from areal_m2po.utils.data import Batch, select_rows
 
 logger = logging.getLogger("areal_m2po.actor")
@@ -107,8 +107,18 @@ class PPOActor:
         self.engine = engine
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
+        self._loss_spec: tuple[ActorConfig, losses.PPOLossSpec] | None = None
         self._warned_no_m2po = False
         self._high_mask_streak = 0
+
+    @property
+    def loss_spec(self) -> losses.PPOLossSpec:
+        """The clipped-PPO loss options of ``self.config``, checked once per config object
+        (rebuilt if ``config`` is replaced); rejection sampling only with the decoupled loss."""
+        if self._loss_spec is None or self._loss_spec[0] is not self.config:
+            spec = losses.PPOLossSpec.from_actor_config(self.config, self.max_new_tokens)
+            self._loss_spec = (self.config, spec)
+        return self._loss_spec[1]
 
     # -- log-probs ----------------------------------------------------------------------------
 
@@ -173,7 +183,7 @@ class PPOActor:
             offset = sum(sizes[: dist.rank()])
         else:
             scores_all = scores
-        normed = F.group_normalize(scores_all, **self._norm_kwargs(norm))
+        normed = adv_maths.group_normalize(scores_all, **self._norm_kwargs(norm))
         return normed[offset : offset + scores.numel()]
 
     def _sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -189,14 +199,14 @@ class PPOActor:
         stats: dict[str, float] = {"reward/raw_mean": float(raw[0] / raw[1]) if raw[1] else 0.0}
         if c.overlong_reward_penalty:
             assert c.overlong_tokens is not None and c.overlong_penalty_factor is not None
-            rewards = F.overlong_reward_penalty(
+            rewards = adv_maths.overlong_reward_penalty(
                 rewards,
                 batch["loss_mask"].sum(-1),
                 c.overlong_tokens,
                 c.overlong_penalty_factor,
                 self.max_new_tokens,
             )
-        scores = F.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
+        scores = adv_maths.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
         if c.reward_norm is not None:
             scores = self._normalize_scores(scores, c.reward_norm)
         if c.mask_no_eos_with_zero:
@@ -227,7 +237,9 @@ class PPOActor:
             if c.adv_norm is not None and c.adv_norm_weighting == "token":
                 per_token = scores[:, None].expand_as(mask_f)
                 kwargs = self._norm_kwargs(c.adv_norm)
-                adv = F.masked_normalize(per_token, loss_mask, **kwargs, batch_sum=batch_sum)
+                adv = adv_maths.masked_normalize(
+                    per_token, loss_mask, **kwargs, batch_sum=batch_sum
+                )
             else:
                 if c.adv_norm is not None:
                     scores = self._normalize_scores(scores, c.adv_norm)
@@ -240,7 +252,9 @@ class PPOActor:
             policy_logp = batch["prox_logp"]
             if c.kl_logp == "behave":
                 policy_logp = batch["logprobs"]
-            kl = F.kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP)
+            kl = adv_maths.kl_estimate(
+                policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP
+            )
             kl = kl * mask_f
             token_rewards = token_rewards - c.kl_ctl * kl
             kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
@@ -249,10 +263,12 @@ class PPOActor:
         last = (loss_mask.long().cumsum(-1) == loss_mask.sum(-1, keepdim=True)) & loss_mask
         token_rewards = token_rewards + scores[:, None] * last.float()
         values = batch.get("values", torch.zeros_like(mask_f))
-        adv, returns = F.gae_advantages(token_rewards, values, loss_mask, c.discount, c.gae_lambda)
+        adv, returns = adv_maths.gae_advantages(
+            token_rewards, values, loss_mask, c.discount, c.gae_lambda
+        )
         if c.adv_norm is not None:
             kwargs = self._norm_kwargs(c.adv_norm)
-            adv = F.masked_normalize(adv, loss_mask, **kwargs, batch_sum=batch_sum)
+            adv = adv_maths.masked_normalize(adv, loss_mask, **kwargs, batch_sum=batch_sum)
         batch["advantages"] = adv * mask_f
         batch["returns"] = returns * mask_f
         return stats
@@ -275,7 +291,7 @@ class PPOActor:
     def _loss_weight(self, mb: Batch) -> float:
         """The micro-batch's weight: exactly its ``agg_loss`` denominator count, so the step's
         gradient depends neither on the micro-batch split nor on skipped zero-advantage rows."""
-        return float(F.agg_loss_weight(mb["loss_mask"], self.config.loss_agg_mode))
+        return float(losses.agg_loss_weight(mb["loss_mask"], self.config.loss_agg_mode))
 
     def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
@@ -331,7 +347,7 @@ class PPOActor:
         m2po_mask, stats = self._m2po_mask(mb, prox)
         adv = mb["advantages"]
         if c.use_sapo_loss:
-            loss, loss_stats = F.sapo_loss_fn(
+            loss, loss_stats = losses.sapo_loss_fn(
                 logprobs=logp,
                 old_logprobs=prox,
                 advantages=adv,
@@ -347,20 +363,14 @@ class PPOActor:
             # only with use_behave_imp_weight (which rejection_sampling requires); passing
             # prox as the behaviour log-probs makes the weight 1
             weighted = c.use_decoupled_loss and c.use_behave_imp_weight
-            loss, loss_stats = F.ppo_actor_loss_fn(
-                logprobs=logp,
-                proximal_logprobs=prox,
-                old_logprobs=behave if weighted else prox,
-                advantages=adv,
-                eps_clip=c.eps_clip,
-                loss_mask=loss_mask,
-                eps_clip_higher=c.eps_clip_higher,
-                c_clip=c.c_clip,
-                rejection_sampling=c.rejection_sampling if c.use_decoupled_loss else None,
-                importance_sampling_level=c.importance_sampling_level,
+            loss, loss_stats = losses.ppo_actor_loss(
+                logp,
+                prox,
+                behave if weighted else prox,
+                adv,
+                loss_mask,
+                self.loss_spec,
                 m2po_mask=m2po_mask,
-                loss_agg_mode=c.loss_agg_mode,
-                max_tokens_norm=self.max_new_tokens,
             )
         stats.update(loss_stats)
         n_valid = loss_mask.sum().clamp(min=1)
