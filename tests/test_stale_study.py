@@ -230,6 +230,9 @@ def test_collapse_and_paired_statistics(study, tmp_path):
                 rec.update({"eval/accuracy": accs[step], "eval/n": 64})
             fh.write(json.dumps(rec) + "\n")
     row = summarise_run(str(run), RunKey("m2po", 4, 1), 10, "m2po/masked_fraction")
+    assert row["collapsed"] == "" and row["final_accuracy"] == 0.35  # not finished: not judged
+    (run / "done.json").write_text(json.dumps({"steps": 10}))
+    row = summarise_run(str(run), RunKey("m2po", 4, 1), 10, "m2po/masked_fraction")
     assert row["collapsed"] is True  # 0.35 < 0.5 * 0.8
     assert row["best_step"] == 5 and row["masked_or_clipped_fraction"] == pytest.approx(0.1)
     assert row["auc_accuracy"] == pytest.approx((5 * (0.25 + 0.8) / 2 + 5 * (0.8 + 0.35) / 2) / 10)

@@ -69,6 +69,7 @@ def plot(
         c = _series(r["run_dir"], "eval/accuracy")
         if c:
             lab = f"{r['arm']}, s={r['staleness']}, seed {r['seed']}"
+            lab += "" if r["done"] else f" (in progress, update {r['steps_done']})"
             axes[1][1].plot(*zip(*c), color=colors[i % len(colors)], marker="o", ms=4, label=lab)
     axes[0][0].set_title("held-out greedy accuracy (mean over seeds; thin: each seed)")
     axes[0][1].set_title("M2PO masked fraction (M2PO arms) / PPO clip fraction (others)")

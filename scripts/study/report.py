@@ -70,8 +70,21 @@ def _pm(m: Any, se: Any, scale: float = 100.0, digits: int = 1) -> str:
     return text if _nan(se) else f"{text} ± {scale * se:.{digits}f}"
 
 
+def _final(row: dict[str, Any]) -> str:
+    """The last evaluation; for a run still in progress, marked as the latest so far."""
+    if row["done"] or _nan(row["final_accuracy"]):
+        return _pct(row["final_accuracy"])
+    return f"(latest: {_pct(row['final_accuracy'])})"
+
+
 def _minutes(seconds: Any) -> str:
     return "" if _nan(seconds) else f"{seconds / 60:.0f}"
+
+
+def _wall_cpu(row: dict[str, Any]) -> str:
+    if _nan(row["wall_s"]):
+        return ""  # no attempt has ended yet
+    return f"{_minutes(row['wall_s'])} / {_minutes(row['cpu_s'])}"
 
 
 def _fmt(v: Any) -> str:
@@ -275,13 +288,13 @@ def runs_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     for r in rows:
         out.append(
             f"| {r['arm']} | {r['staleness']} | {r['seed']} | {_fmt(r['done'])} | "
-            f"{_pct(r['initial_accuracy'])} | {_pct(r['final_accuracy'])} | "
+            f"{_pct(r['initial_accuracy'])} | {_final(r)} | "
             f"{_pct(r['best_accuracy'])} ({r['best_step']}) | {_pct(r['auc_accuracy'])} | "
             f"{_pct(r['masked_or_clipped_fraction'], 2)} | {_num(r['behave_kl'], 4)} | "
-            f"{_num(r['m2_before'], 4)} | {_num(r['entropy_last5'])} | {_fmt(r['collapsed'])} | "
+            f"{_num(r['m2_before'], 4)} | {_num(r['entropy_last5'])} | {_fmt(r['collapsed']) or 'n/a'} | "
             f"{_pct(r['no_eos_last5'])} | {r['steps_done']}/{r['steps_planned']} "
             f"({r['updates_with_signal']}) | {_num(r['step_s_median'], 1)} | "
-            f"{_num(r['eval_s_mean'], 0)} | {_minutes(r['wall_s'])} / {_minutes(r['cpu_s'])} |"
+            f"{_num(r['eval_s_mean'], 0)} | {_wall_cpu(r)} |"
         )
     return out
 

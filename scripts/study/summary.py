@@ -144,11 +144,13 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     row["step_s_median"] = median([r.get("timing/step_s") for r in train])
     row["eval_s_mean"] = mean([r.get("timing/eval_s") for r in records if "eval/accuracy" in r])
     info = read_json(f"{run_dir}/study_run.json") or {}
-    if "wall_s" in info:
+    ended = [a for a in info.get("attempts", []) if "wall_s" in a]
+    if ended:  # an attempt still running (or killed) has no times yet
         row["wall_s"] = float(info["wall_s"])
-    if "cpu_s" in info:
-        row["cpu_s"] = float(info["cpu_s"])
+        row["cpu_s"] = float(info.get("cpu_s", float("nan")))
     row["done"] = read_json(f"{run_dir}/done.json") is not None
+    if not row["done"]:
+        row["collapsed"] = ""  # judged on the last evaluation of a finished run only
     return row
 
 
