@@ -429,6 +429,13 @@ class ActorConfig(TrainEngineConfig):
     use_sapo_loss: bool = _field(
         False, "Use the SAPO soft-gated loss instead of the clipped PPO loss."
     )
+    loss_fn: str | None = _field(
+        None,
+        "Custom actor loss 'package.module:function' (the ActorLossFn contract in "
+        "areal_m2po/trainer/ppo/loss_fn.py: it gets the log-probs, entropy and the prepared "
+        "micro-batch with prox_logp and the M2PO mask, returns the loss and stats); null = the "
+        "library's clipped PPO / SAPO loss.",
+    )
     sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
     sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")
     use_decoupled_loss: bool = _field(
@@ -547,6 +554,7 @@ class ActorConfig(TrainEngineConfig):
         _check_number("eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
         _check_number("c_clip", self.c_clip, gt=1, optional=True)
         _check_bool("use_sapo_loss", self.use_sapo_loss)
+        _check_str("loss_fn", self.loss_fn, optional=True)
         _check_number("sapo_tau_pos", self.sapo_tau_pos, gt=0)
         _check_number("sapo_tau_neg", self.sapo_tau_neg, gt=0)
         _check_bool("use_decoupled_loss", self.use_decoupled_loss)

@@ -24,14 +24,17 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from areal_m2po.api.cli_args import PPOConfig, TrainEngineConfig
+from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.data import Batch, select_rows
+from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -49,10 +52,31 @@ def _setup_logging(is_main: bool) -> None:
 
 
 class RLTrainer:
-    """Builds every part of a run from a :class:`PPOConfig` and runs the step loop."""
+    """Builds every part of a run from a :class:`PPOConfig` and runs the step loop.
 
-    def __init__(self, config: PPOConfig) -> None:
+    Args:
+        config: the run's configuration.
+        actor_loss_fn: the actor's micro-batch loss
+            (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
+            ``actor.loss_fn`` (setting both is refused); None: the config's.
+        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`), told about
+            every step and phase.
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        *,
+        actor_loss_fn: ActorLossFn | None = None,
+        callbacks: Sequence[StepCallback] = (),
+    ) -> None:
         self.config = cfg = config
+        if actor_loss_fn is not None and cfg.actor.loss_fn is not None:
+            raise ConfigError(
+                "actor.loss_fn",
+                f"set to {cfg.actor.loss_fn!r} while RLTrainer got actor_loss_fn too; pass one",
+            )
+        self.phases = Phases(callbacks)
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
         from accelerate import Accelerator
@@ -75,6 +99,7 @@ class RLTrainer:
 
         # user code first: a reward module that does not import stops the run in a second
         self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
+        self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
         self._build_data()
         self._build_models()
         from areal_m2po.utils.stats_logger import StatsLogger
@@ -188,7 +213,12 @@ class RLTrainer:
         n_updates = self.total_steps * cfg.actor.ppo_n_minibatches
         self.actor_engine = HFTrainEngine(cfg.actor, self.accelerator, n_updates)
         self.actor = PPOActor(
-            cfg.actor, self.actor_engine, cfg.gconfig.n_samples, cfg.gconfig.max_new_tokens
+            cfg.actor,
+            self.actor_engine,
+            cfg.gconfig.n_samples,
+            cfg.gconfig.max_new_tokens,
+            loss_fn=self.actor_loss_fn,
+            phases=self.phases,
         )
         # sharded: an unsharded copy gathered once (RolloutEngine copies what it is given)
         policy = (
@@ -363,29 +393,35 @@ class RLTrainer:
                 torch.tensor([round(frac * n_groups), n_groups], dtype=torch.float64)
             )
             stats["rollout/filtered_group_fraction"] = float(f_tot[0] / f_tot[1])
-        t0 = time.perf_counter()
-        self.actor.prepare_proximal(batch)
-        stats["timing/prox_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if self.ref_engine is not None:
-            batch["ref_logp"], _ = self.ref_engine.compute_logprobs(batch, cfg.actor.temperature)
-        if self.critic is not None:
-            batch["values"] = self.critic.compute_values(batch)
-        stats["timing/ref_s"] = time.perf_counter() - t0
-        stats.update(self.actor.compute_advantages(batch))
-        t0 = time.perf_counter()
-        stats.update(self.actor.ppo_update(batch))
-        if self.critic is not None:
-            stats.update(self.critic.ppo_update(batch))
-        stats["timing/update_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
-        self.rollout.update_weights(self.actor_engine.full_tensors(), self.actor_engine.version)
-        if self.async_rollout is not None:  # the servers load what the rollout engine holds
-            stats["timing/server_sync_s"] = self.async_rollout.update(
-                self.rollout.model.state_dict(), self.actor_engine.version
-            )
-        stats["timing/sync_s"] = time.perf_counter() - t0
+        return self._learn(batch, stats)
+
+    def _learn(self, batch: Batch, stats: dict[str, float]) -> dict[str, float]:
+        """The step's phases after the rollout statistics: proximal log-probs, reference
+        log-probs and values, advantages, updates, weight sync (``timing/<phase>_s``)."""
+        cfg = self.config
+        phase = self.phases
+        with phase("prox", stats):
+            self.actor.prepare_proximal(batch)
+        with phase("ref", stats):
+            if self.ref_engine is not None:
+                batch["ref_logp"], _ = self.ref_engine.compute_logprobs(
+                    batch, cfg.actor.temperature
+                )
+            if self.critic is not None:
+                batch["values"] = self.critic.compute_values(batch)
+        with phase("advantages", stats):
+            stats.update(self.actor.compute_advantages(batch))
+        with phase("update", stats):
+            stats.update(self.actor.ppo_update(batch))
+            if self.critic is not None:
+                stats.update(self.critic.ppo_update(batch))
+        with phase("sync", stats):
+            # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
+            self.rollout.update_weights(self.actor_engine.full_tensors(), self.actor_engine.version)
+            if self.async_rollout is not None:  # the servers load what the rollout engine holds
+                stats["timing/server_sync_s"] = self.async_rollout.update(
+                    self.rollout.model.state_dict(), self.actor_engine.version
+                )
         if "actor/kl_ref" in stats:
             stats["actor/kl"] = stats["actor/kl_ref"]
         elif "actor/approx_kl" in stats:
@@ -464,14 +500,18 @@ class RLTrainer:
             ev = self.evaluate()
             self.stats_logger.log(0, ev)
         while len(self.queue) < cfg.rollout.staleness:
-            self.queue.append(self._generate())  # the first steps train on the initial policy
+            with self.phases("generate"):  # the first steps train on the initial policy
+                self.queue.append(self._generate())
         progress = self._progress_bar()
         while self.step < self.total_steps:
             t_step = time.perf_counter()
-            self.queue.append(self._generate())
+            self.phases.step_begin(self.step + 1)
+            with self.phases("generate"):
+                self.queue.append(self._generate())
             batch, info = self.queue.popleft()
             stats = self._train_step(batch, info)
             self.step += 1
+            self.phases.step_end(self.step, stats)
             ev_freq = cfg.evaluator.freq_steps
             last = self.step == self.total_steps
             if (ev_freq and self.step % ev_freq == 0) or (last and cfg.evaluator.eval_at_end):

@@ -27,9 +27,11 @@ import torch
 
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
+from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, LossContext, load_actor_loss_fn
 from areal_m2po.utils import advantages as adv_maths
 from areal_m2po.utils import dist, losses, m2po
 from areal_m2po.utils.data import Batch, select_rows
+from areal_m2po.utils.phases import Phases
 
 logger = logging.getLogger("areal_m2po.actor")
 
@@ -98,16 +100,28 @@ class PPOActor:
         engine: the trainable policy.
         group_size: samples per prompt (``gconfig.n_samples``); groups are consecutive rows.
         max_new_tokens: generation budget (Dr.GRPO normaliser, overlong penalty).
+        loss_fn: the micro-batch loss (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`);
+            None: the one ``config.loss_fn`` names, else the library's clipped PPO / SAPO loss.
+        phases: reports the ``m2po`` phase to step callbacks (none by default).
     """
 
     def __init__(
-        self, config: ActorConfig, engine: HFTrainEngine, group_size: int, max_new_tokens: int
+        self,
+        config: ActorConfig,
+        engine: HFTrainEngine,
+        group_size: int,
+        max_new_tokens: int,
+        *,
+        loss_fn: ActorLossFn | None = None,
+        phases: Phases | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
         self._loss_spec: tuple[ActorConfig, losses.PPOLossSpec] | None = None
+        self.loss_fn = loss_fn if loss_fn is not None else load_actor_loss_fn(config.loss_fn)
+        self.phases = phases if phases is not None else Phases()
         self._warned_no_m2po = False
         self._high_mask_streak = 0
 
@@ -314,9 +328,10 @@ class PPOActor:
         c = self.config
         if c.m2_threshold is None or c.m2_scope != "global":
             return {}
-        mb["m2po_mask"], stats = global_m2po_mask(
-            mb["logprobs"], mb["prox_logp"], mb["loss_mask"], c.m2_threshold
-        )
+        with self.phases("m2po"):
+            mb["m2po_mask"], stats = global_m2po_mask(
+                mb["logprobs"], mb["prox_logp"], mb["loss_mask"], c.m2_threshold
+            )
         return stats
 
     def _m2po_mask(
@@ -335,47 +350,31 @@ class PPOActor:
                     "PPOActor.prepare_m2po(minibatch) sets it before the micro-batches"
                 )
             return mb["m2po_mask"], {}
-        return m2po.m2po_mask_and_stats(mb["logprobs"], prox, mb["loss_mask"], c.m2_threshold)
+        with self.phases("m2po"):
+            return m2po.m2po_mask_and_stats(mb["logprobs"], prox, mb["loss_mask"], c.m2_threshold)
 
     def _loss_fn(
         self, logp: torch.Tensor, entropy: torch.Tensor, mb: Batch, step_in_update: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        c = self.config
-        loss_mask = mb["loss_mask"]
-        behave = mb["logprobs"]
+        """The micro-batch loss the train engine calls: proximal log-probs and the M2PO mask
+        (with their stats), then :attr:`loss_fn` on the prepared micro-batch (the
+        :class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn` contract), then the entropy and
+        behaviour-KL stats (``actor/loss``: the loss's value)."""
         prox = self._proximal(mb, logp, step_in_update)
         m2po_mask, stats = self._m2po_mask(mb, prox)
-        adv = mb["advantages"]
-        if c.use_sapo_loss:
-            loss, loss_stats = losses.sapo_loss_fn(
-                logprobs=logp,
-                old_logprobs=prox,
-                advantages=adv,
-                tau_pos=c.sapo_tau_pos,
-                tau_neg=c.sapo_tau_neg,
-                loss_mask=loss_mask,
-                m2po_mask=m2po_mask,
-                loss_agg_mode=c.loss_agg_mode,
-                max_tokens_norm=self.max_new_tokens,
-            )
-        else:
-            # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there
-            # only with use_behave_imp_weight (which rejection_sampling requires); passing
-            # prox as the behaviour log-probs makes the weight 1
-            weighted = c.use_decoupled_loss and c.use_behave_imp_weight
-            loss, loss_stats = losses.ppo_actor_loss(
-                logp,
-                prox,
-                behave if weighted else prox,
-                adv,
-                loss_mask,
-                self.loss_spec,
-                m2po_mask=m2po_mask,
-            )
+        prepared = {k: v for k, v in mb.items() if k != "m2po_mask"}
+        prepared["prox_logp"] = prox
+        if m2po_mask is not None:
+            prepared["m2po_mask"] = m2po_mask
+        spec = None if self.config.use_sapo_loss else self.loss_spec
+        ctx = LossContext(self.config, self.max_new_tokens, step_in_update, spec)
+        loss, loss_stats = self.loss_fn(logp, entropy, prepared, ctx)
         stats.update(loss_stats)
+        stats["actor/loss"] = loss.detach()
+        loss_mask = mb["loss_mask"]
         n_valid = loss_mask.sum().clamp(min=1)
         stats["actor/entropy"] = (entropy * loss_mask).sum().detach() / n_valid
-        stats["actor/behave_kl"] = ((behave - prox) * loss_mask).sum().detach() / n_valid
+        stats["actor/behave_kl"] = ((mb["logprobs"] - prox) * loss_mask).sum().detach() / n_valid
         return loss, stats
 
     def ppo_update(self, batch: Batch) -> dict[str, float]:
@@ -438,8 +437,6 @@ class PPOActor:
         key = "actor/skipped_zero_adv_seqs"
         if key in out:
             out[key] = float(dist.all_reduce_sum(torch.tensor([out[key]], dtype=torch.float64))[0])
-        if "actor/pg_loss" in out:
-            out["actor/loss"] = out["actor/pg_loss"]
         self.engine.version += 1
         self._check_masked_fraction(out)
         return out

@@ -1,0 +1,133 @@
+"""The actor loss seam: the contract of a micro-batch loss, the library's loss, and the loader.
+
+A custom actor loss is plugged in without subclassing or patching, either by dotted path in the
+config (``actor.loss_fn: my_module:my_loss``, loaded by :func:`load_actor_loss_fn` through
+:func:`areal_m2po.utils.imports.load_object`, so a broken module ends in one ``ConfigError``
+line naming ``actor.loss_fn``) or as a Python object (``PPOActor(..., loss_fn=my_loss)``,
+``RLTrainer(cfg, actor_loss_fn=my_loss)``).
+
+The actor does everything around the loss (:meth:`PPOActor._loss_fn`): it forms the proximal
+log-probs of the micro-batch (``prox_logp_method``), takes the M2PO mask (``m2_scope``) and its
+stats, calls the loss function, then adds ``actor/entropy`` and ``actor/behave_kl``. The train
+engine scales each micro-batch's loss by its weight over the minibatch's total weight
+(``actor.loss_agg_mode``'s denominator count), so a loss that is a mean over this micro-batch's
+tokens (or sequences) gives a gradient independent of the micro-batch split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from areal_m2po.api.cli_args import ActorConfig
+from areal_m2po.utils import losses
+from areal_m2po.utils.imports import load_object
+
+__all__ = ["ActorLossFn", "LossContext", "library_actor_loss", "load_actor_loss_fn"]
+
+LossStats = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """What a loss function may need besides the tensors.
+
+    Attributes:
+        config: the actor section (clip ranges, aggregation, SAPO temperatures, ...).
+        max_new_tokens: the generation budget in tokens (``seq-mean-token-sum-norm``'s
+            normaliser).
+        step_in_update: index of the PPO minibatch within this training step (0-based).
+        ppo_spec: the clipped-PPO options of ``config``, checked once
+            (:meth:`PPOLossSpec.from_actor_config`); None: built from ``config`` when needed.
+    """
+
+    config: ActorConfig
+    max_new_tokens: int
+    step_in_update: int = 0
+    ppo_spec: losses.PPOLossSpec | None = None
+
+
+class ActorLossFn(Protocol):
+    """The loss of one micro-batch of ``b`` rows padded to ``T`` tokens.
+
+    Args:
+        logprobs: float32 ``[b, T]``, natural-log probabilities of the generated tokens under
+            the policy being trained (carries the gradient; 0 outside ``loss_mask``).
+        entropy: float32 ``[b, T]``, their entropies in nats (detached; report only).
+        batch: the prepared micro-batch; every tensor ``[b, T]`` unless stated:
+
+            * ``loss_mask`` (bool): the generated tokens that count;
+            * ``logprobs`` (float32): behaviour log-probs, recorded when the tokens were
+              sampled;
+            * ``prox_logp`` (float32, detached): proximal log-probs, the policy at the start of
+              this step (or the loglinear interpolation), the ratio's denominator;
+            * ``advantages`` (float32): per-token advantages, 0 outside ``loss_mask``;
+            * ``m2po_mask`` (bool, True = keep): present only when M2PO is on
+              (``actor.m2_threshold`` set); a token counts in the loss iff
+              ``loss_mask & m2po_mask``, while the denominators keep counting every
+              ``loss_mask`` token;
+            * the rollout keys (``input_ids``, ``attention_mask``, ``versions``, ``rewards``
+              ``[b]``, ...) as the actor received them.
+        ctx: the actor config and sizes (:class:`LossContext`).
+
+    Returns:
+        ``(loss, stats)``: a scalar tensor to minimise (with gradient through ``logprobs``) and
+        a dict of scalar tensors, logged after averaging over micro-batches and ranks
+        (prefix the names, e.g. ``"my_loss/…"``).
+    """
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        entropy: torch.Tensor,
+        batch: dict[str, torch.Tensor],
+        ctx: LossContext,
+    ) -> tuple[torch.Tensor, LossStats]: ...
+
+
+def library_actor_loss(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    ctx: LossContext,
+) -> tuple[torch.Tensor, LossStats]:
+    """The library's loss (:class:`ActorLossFn`): SAPO with ``use_sapo_loss``, else the clipped
+    PPO loss (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked."""
+    c = ctx.config
+    prox = batch["prox_logp"]
+    m2po_mask = batch.get("m2po_mask")
+    if c.use_sapo_loss:
+        return losses.sapo_loss_fn(
+            logprobs=logprobs,
+            old_logprobs=prox,
+            advantages=batch["advantages"],
+            tau_pos=c.sapo_tau_pos,
+            tau_neg=c.sapo_tau_neg,
+            loss_mask=batch["loss_mask"],
+            m2po_mask=m2po_mask,
+            loss_agg_mode=c.loss_agg_mode,
+            max_tokens_norm=ctx.max_new_tokens,
+        )
+    spec = ctx.ppo_spec or losses.PPOLossSpec.from_actor_config(c, ctx.max_new_tokens)
+    # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
+    # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
+    # log-probs makes the weight 1
+    weighted = c.use_decoupled_loss and c.use_behave_imp_weight
+    behave = batch["logprobs"] if weighted else prox
+    return losses.ppo_actor_loss(
+        logprobs, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+    )
+
+
+def load_actor_loss_fn(spec: str | None) -> ActorLossFn:
+    """The loss ``actor.loss_fn`` names (``"module:function"``), or the library's for None.
+
+    Raises:
+        ConfigError: ``actor.loss_fn``: one line naming the module and where it failed.
+    """
+    if spec is None:
+        return library_actor_loss
+    fn: ActorLossFn = load_object(spec, "actor.loss_fn")
+    return fn
