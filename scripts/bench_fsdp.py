@@ -80,21 +80,19 @@ class _PeakSampler:
 
 
 def _model(args: argparse.Namespace) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from areal_m2po.engine.builtin_models import build_tiny_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=args.vocab,
+    heads = max(args.hidden // 64, 1)
+    return build_tiny_llama(
+        args.vocab,
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 8 // 3,
         num_hidden_layers=args.layers,
-        num_attention_heads=max(args.hidden // 64, 1),
-        num_key_value_heads=max(args.hidden // 64, 1),
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=2 * args.seq,
         tie_word_embeddings=False,
     )
-    return LlamaForCausalLM(cfg)
 
 
 def _batch(args: argparse.Namespace, rank: int) -> dict[str, Any]:

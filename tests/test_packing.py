@@ -7,26 +7,20 @@ import copy
 import pytest
 import torch
 
+from areal_m2po.engine.builtin_models import build_tiny_llama
 from areal_m2po.engine.packing import pack_micro_batch
 from areal_m2po.engine.train_engine import forward_logprobs, forward_logprobs_packed
 
 
 def _tiny_llama(attn: str = "sdpa", vocab: int = 97, seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab,
+    model = build_tiny_llama(
+        vocab,
+        seed,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=True,
         attn_implementation=attn,
     )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).float()
     model.eval()  # no dropout anyway; keeps the comparison deterministic
     return model
 

@@ -22,6 +22,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 logger = logging.getLogger("areal_m2po.engine")
 
@@ -110,27 +112,35 @@ def prepare_smollm2() -> Path:
     return target
 
 
-def build_tiny_model(vocab_size: int, seed: int = 0):  # -> transformers.PreTrainedModel
-    """The ``builtin:tiny`` architecture: a 2-layer Llama, hidden 64, with seeded weights."""
+TINY_LLAMA_CONFIG = MappingProxyType(
+    {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
+)
+"""The ``builtin:tiny`` architecture (``LlamaConfig`` fields besides the vocabulary)."""
+
+
+def build_tiny_llama(vocab_size: int, seed: int = 0, **config: Any):  # -> LlamaForCausalLM
+    """A small Llama with weights drawn from ``torch.manual_seed(seed)`` (the global RNG is
+    left as it was): the ``builtin:tiny`` architecture (:data:`TINY_LLAMA_CONFIG`), with
+    ``config`` overriding any ``LlamaConfig`` field (the engine, the tests and the benchmarks
+    build their tiny models here)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    llama_config = LlamaConfig(vocab_size=vocab_size, **{**TINY_LLAMA_CONFIG, **config})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(llama_config)
     return model
 
 
@@ -142,7 +152,7 @@ def prepare_tiny() -> Path:
     from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(len(tokenizer))
+    model = build_tiny_llama(len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
