@@ -13,10 +13,9 @@ import sys
 
 def main(config_path: str, kill_after: int) -> int:
     from areal_m2po.api.config_loader import load_config
-    from areal_m2po.trainer.rl_trainer import run
-    from areal_m2po.utils import recover
+    from areal_m2po.trainer.rl_trainer import RLTrainer, run
 
-    real_save = recover.save_checkpoint
+    real_save = RLTrainer.save_checkpoint
 
     def save_then_die(trainer):
         path = real_save(trainer)
@@ -24,7 +23,7 @@ def main(config_path: str, kill_after: int) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
 
-    recover.save_checkpoint = save_then_die
+    RLTrainer.save_checkpoint = save_then_die  # type: ignore[method-assign]
     return run(load_config(["--config", config_path]))
 
 

@@ -87,7 +87,9 @@ class Crash(Exception):
 
 def crash_after_checkpoint(monkeypatch, step: int) -> None:
     """Make the run die (raise) right after its recover checkpoint of ``step`` is written."""
-    real = recover.save_checkpoint
+    from areal_m2po.trainer.rl_trainer import RLTrainer
+
+    real = RLTrainer.save_checkpoint
 
     def save(trainer):
         path = real(trainer)
@@ -95,7 +97,7 @@ def crash_after_checkpoint(monkeypatch, step: int) -> None:
             raise Crash(f"crash after step {trainer.step}")
         return path
 
-    monkeypatch.setattr(recover, "save_checkpoint", save)
+    monkeypatch.setattr(RLTrainer, "save_checkpoint", save)
 
 
 def subprocess_env() -> dict[str, str]:

@@ -7,7 +7,12 @@ from areal_m2po.dataset.arithmetic import (
     arithmetic_question,
     make_arithmetic_split,
 )
-from areal_m2po.dataset.loader import PromptLoader, build_prompts, load_records
+from areal_m2po.dataset.loader import (
+    PromptLoader,
+    build_prompts,
+    load_prompt_dataset,
+    load_records,
+)
 
 __all__ = [
     "DEFAULT_TEST_SIZE",
@@ -16,6 +21,7 @@ __all__ = [
     "PromptLoader",
     "arithmetic_question",
     "build_prompts",
+    "load_prompt_dataset",
     "load_records",
     "make_arithmetic_split",
 ]

@@ -14,9 +14,10 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from areal_m2po.api.cli_args import DatasetConfig
 from areal_m2po.dataset.arithmetic import make_arithmetic_split
 
-__all__ = ["PromptLoader", "build_prompts", "load_records", "read_rows"]
+__all__ = ["PromptLoader", "build_prompts", "load_prompt_dataset", "load_records", "read_rows"]
 
 logger = logging.getLogger("areal_m2po.dataset")
 
@@ -223,6 +224,39 @@ def build_prompts(
             continue
         kept.append({**record, "prompt_ids": ids, "prompt_text": text})
     return kept, n_dropped
+
+
+def load_prompt_dataset(
+    dcfg: DatasetConfig, tokenizer: Any, seed: int, name: str
+) -> list[dict[str, Any]]:
+    """The prompts of the dataset section ``<name>_dataset`` (:func:`load_records` then
+    :func:`build_prompts`); over-long prompts are dropped with a warning.
+
+    Raises:
+        ValueError: naming the section when no prompt is left.
+    """
+    records = load_records(
+        dcfg.path,
+        split=dcfg.split,
+        prompt_field=dcfg.prompt_field,
+        answer_field=dcfg.answer_field,
+        max_samples=dcfg.max_samples,
+        seed=seed,
+    )
+    prompts, n_dropped = build_prompts(
+        records, tokenizer, dcfg.max_prompt_length, dcfg.use_chat_template
+    )
+    if n_dropped:
+        logger.warning(
+            "%s_dataset: dropped %d of %d prompts longer than max_prompt_length=%d",
+            name,
+            n_dropped,
+            len(records),
+            dcfg.max_prompt_length,
+        )
+    if not prompts:
+        raise ValueError(f"{name}_dataset: no prompts left ({dcfg.path})")
+    return prompts
 
 
 # ---------------------------------------------------------------------------- batching

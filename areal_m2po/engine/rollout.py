@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -75,6 +75,29 @@ class RolloutEngine:
                 f"{missing[0]!r}); the behaviour policy would silently keep old weights"
             )
         self.version = version
+
+    def state_dict(
+        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
+    ) -> dict[str, Any]:
+        """``version`` and ``weights`` (on the CPU) for recover checkpoints; ``weights`` is None
+        when they equal the trainer's ``policy`` (``(name, tensor)`` pairs, consumed to the end
+        when ``policy_version`` equals this engine's: it may be a collective gather), which the
+        checkpoint holds already."""
+        weights = self.model.state_dict()
+        same = self.version == policy_version and _same_tensors(weights, policy)
+        return {
+            "version": self.version,
+            "weights": None if same else {k: v.cpu() for k, v in weights.items()},
+        }
+
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any],
+        policy: Callable[[], Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]],
+    ) -> None:
+        """Restore :meth:`state_dict`; ``policy()`` gives the weights when it saved none."""
+        weights = state["weights"]
+        self.update_weights(policy() if weights is None else weights, int(state["version"]))
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(p) for p in prompts)
@@ -205,3 +228,12 @@ def _is_tied_alias(model: torch.nn.Module, name: str) -> bool:
         return False
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return out is not None and name.startswith("lm_head.")
+
+
+def _same_tensors(a: Mapping[str, torch.Tensor], b: Iterable[tuple[str, torch.Tensor]]) -> bool:
+    """Whether the ``(name, tensor)`` pairs ``b`` (consumed to the end) equal ``a``."""
+    same, seen = True, set()
+    for k, v in b:
+        seen.add(k)
+        same = same and k in a and torch.equal(a[k].cpu(), v.cpu())
+    return same and seen == set(a)

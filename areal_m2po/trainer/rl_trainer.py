@@ -19,26 +19,30 @@ and queued. One step (``RLTrainer._train`` and ``_train_step``), in the order th
 from __future__ import annotations
 
 import collections
+import functools
 import logging
-import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
+from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
 from areal_m2po.utils import dist, recover
-from areal_m2po.utils.data import Batch, select_rows
+from areal_m2po.utils.data import Batch
 from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
 
-_REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive training steps were skipped for a non-finite loss or gradient."""
 
 
 def _setup_logging(is_main: bool) -> None:
@@ -117,7 +121,7 @@ class RLTrainer:
         self.consecutive_skipped = 0  # steps in a row whose update had a non-finite loss/grad
         self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
         self._last_recover_step = -1
-        self._stale_recover: list[tuple[int, str]] = []
+        self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
         self.async_rollout: Any = None  # rollout.mode=async: AsyncRollout, started in _train
 
     # -- construction -------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class RLTrainer:
     def _build_data(self) -> None:
         from transformers import AutoTokenizer
 
-        from areal_m2po.dataset import PromptLoader, build_prompts, load_records
+        from areal_m2po.dataset import PromptLoader, load_prompt_dataset
         from areal_m2po.engine.builtin_models import resolve_model_path
         from areal_m2po.reward import RewardRunner
 
@@ -165,32 +169,12 @@ class RLTrainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
-        datasets = {}
-        for name, dcfg in (("train", cfg.train_dataset), ("valid", cfg.valid_dataset)):
-            records = load_records(
-                dcfg.path,
-                split=dcfg.split,
-                prompt_field=dcfg.prompt_field,
-                answer_field=dcfg.answer_field,
-                max_samples=dcfg.max_samples,
-                seed=cfg.seed,
-            )
-            prompts, n_dropped = build_prompts(
-                records, self.tokenizer, dcfg.max_prompt_length, dcfg.use_chat_template
-            )
-            if n_dropped:
-                logger.warning(
-                    "%s_dataset: dropped %d of %d prompts longer than max_prompt_length=%d",
-                    name,
-                    n_dropped,
-                    len(records),
-                    dcfg.max_prompt_length,
-                )
-            if not prompts:
-                raise ValueError(f"{name}_dataset: no prompts left ({dcfg.path})")
-            datasets[name] = prompts
-        self.train_prompts = datasets["train"]
-        self.valid_prompts = datasets["valid"]
+        self.train_prompts = load_prompt_dataset(
+            cfg.train_dataset, self.tokenizer, cfg.seed, "train"
+        )
+        self.valid_prompts = load_prompt_dataset(
+            cfg.valid_dataset, self.tokenizer, cfg.seed, "valid"
+        )
         self.loader = PromptLoader(
             self.train_prompts,
             batch_size=cfg.train_dataset.batch_size,
@@ -334,61 +318,12 @@ class RLTrainer:
 
     # -- one step -----------------------------------------------------------------------------
 
-    def _filter_groups(self, batch: Batch) -> tuple[Batch, float]:
-        """Drop groups whose rewards are all equal; keep one if none remain."""
-        n = self.config.gconfig.n_samples
-        r = batch["rewards"].view(-1, n)
-        informative = (r.max(-1).values - r.min(-1).values) > 0
-        n_groups = informative.numel()
-        if bool(informative.all()):
-            return batch, 0.0
-        keep = torch.nonzero(informative).flatten()
-        if keep.numel() == 0:
-            keep = torch.tensor([0])
-        rows = (keep[:, None] * n + torch.arange(n)).flatten()
-        return select_rows(batch, rows), 1.0 - float(informative.sum()) / n_groups
-
     def _train_step(self, batch: Batch, info: dict[str, float]) -> dict[str, float]:
         cfg = self.config
-        stats = dict(info)
-        rewards = batch["rewards"]
-        gen_len = batch["loss_mask"].sum(-1).float()
-        local = torch.stack(
-            [
-                rewards.sum(),
-                (rewards**2).sum(),
-                gen_len.sum(),
-                batch["no_eos"].float().sum(),
-                torch.tensor(float(rewards.numel())),
-                *(torch.tensor(stats[k]) for k in _REWARD_COUNTS),
-            ]
-        )
-        tot = dist.all_reduce_sum(local.double())
-        count = float(tot[4])
-        for i, k in enumerate(_REWARD_COUNTS):  # summed over ranks
-            stats[k] = float(tot[5 + i])
-        stats["reward/mean"] = float(tot[0]) / count
-        stats["reward/std"] = math.sqrt(max(float(tot[1]) / count - stats["reward/mean"] ** 2, 0.0))
-        stats["rollout/gen_len_mean"] = float(tot[2]) / count
-        stats["rollout/no_eos_fraction"] = float(tot[3]) / count
-        versions = batch["versions"][batch["loss_mask"]]
-        stats["actor/version"] = float(self.actor_engine.version)
-        v_tot = dist.all_reduce_sum(
-            torch.tensor([float(versions.double().sum()), float(versions.numel())]).double()
-        )
-        if float(v_tot[1]):
-            ext = [-versions.min(), versions.max()] if versions.numel() else [-math.inf] * 2
-            v_ext = dist.all_reduce_max(torch.tensor([float(x) for x in ext]).double())
-            stats["rollout/version_min"] = -float(v_ext[0])
-            stats["rollout/version_max"] = float(v_ext[1])
-        stats["rollout/staleness"] = (
-            self.actor_engine.version - float(v_tot[0]) / float(v_tot[1])
-            if float(v_tot[1])
-            else 0.0
-        )
+        stats = rollout_stats(batch, info, self.actor_engine.version)
         if cfg.rollout.dynamic_filtering:
             n_groups = batch["rewards"].numel() // cfg.gconfig.n_samples
-            batch, frac = self._filter_groups(batch)
+            batch, frac = filter_groups(batch, cfg.gconfig.n_samples)
             f_tot = dist.all_reduce_sum(
                 torch.tensor([round(frac * n_groups), n_groups], dtype=torch.float64)
             )
@@ -463,6 +398,94 @@ class RLTrainer:
             logger.info("saved policy (HF format) to %s", path)
         return path
 
+    # -- state (recover checkpoints) ----------------------------------------------------------
+
+    def state_dict(self, shard_dir: str | None = None) -> dict[str, Any]:
+        """This rank's state, as plain dicts and tensors, one entry per part:
+
+        * ``trainer``: step, rollout count (it seeds sampling), non-finite streak, prompt loader
+          position, the actor's own state, the learned reward's running normaliser (if any);
+        * ``actor``, ``critic`` (critic.enabled): the engines' weights, optimizer, scheduler and
+          version; a sharded engine writes its shards into ``shard_dir/<part>_shards`` instead;
+        * ``rollout``: the behaviour policy's version, and its weights when they differ from the
+          policy's (:meth:`RolloutEngine.state_dict`);
+        * ``rank``: this rank's RNG states and staleness queue.
+
+        Every rank calls it (sharded state and the weight comparison are collectives). As with
+        ``torch.nn.Module.state_dict``, tensors may share memory with the live state.
+        """
+        trainer: dict[str, Any] = {
+            "step": self.step,
+            "n_rollouts": self.n_rollouts,
+            "consecutive_skipped": self.consecutive_skipped,
+            "loader": self.loader.state_dict(),
+            "actor": self.actor.state_dict(),
+        }
+        if self.learned_reward is not None:
+            trainer["learned_reward"] = self.learned_reward.state_dict()
+        state = {
+            "trainer": trainer,
+            "actor": self.actor_engine.training_state(_shards(shard_dir, "actor")),
+        }
+        if self.critic is not None:
+            state["critic"] = self.critic.engine.training_state(_shards(shard_dir, "critic"))
+        engine = self.actor_engine
+        state["rollout"] = self.rollout.state_dict(engine.full_tensors(), engine.version)
+        state["rank"] = {"rank": self.rank, "rng": recover.capture_rng(), "queue": list(self.queue)}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], shard_dir: str | None = None) -> None:
+        """Restore :meth:`state_dict` (every rank; RNG states last)."""
+        for part, load in self._state_loaders(shard_dir):
+            load(state[part])
+
+    def _state_loaders(self, shard_dir: str | None) -> list[tuple[str, Callable[[Any], None]]]:
+        """``(part, load)`` of every part of :meth:`state_dict`, in the order they load."""
+
+        def load_trainer(state: Mapping[str, Any]) -> None:
+            self.loader.load_state_dict(state["loader"])
+            self.step, self.n_rollouts = int(state["step"]), int(state["n_rollouts"])
+            self.consecutive_skipped = int(state["consecutive_skipped"])
+            self.actor.load_state_dict(state["actor"])
+            if self.learned_reward is not None and "learned_reward" in state:
+                self.learned_reward.load_state_dict(state["learned_reward"])
+
+        def load_engine(engine: Any, part: str) -> Callable[[Any], None]:
+            return lambda state: engine.load_training_state(state, _shards(shard_dir, part))
+
+        def load_rank(state: Mapping[str, Any]) -> None:
+            queue = [(batch, info) for batch, info in state["queue"]]
+            if len(queue) != self.config.rollout.staleness:
+                raise ValueError(
+                    f"holds {len(queue)} queued rollout batches, rollout.staleness is "
+                    f"{self.config.rollout.staleness}"
+                )
+            self.queue.clear()
+            self.queue.extend(queue)
+            recover.restore_rng(state["rng"])
+
+        loaders = [("trainer", load_trainer), ("actor", load_engine(self.actor_engine, "actor"))]
+        if self.critic is not None:
+            loaders.append(("critic", load_engine(self.critic.engine, "critic")))
+        policy = self.actor_engine.state_dict_for_sync
+        load_rollout = functools.partial(self.rollout.load_state_dict, policy=policy)
+        return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
+
+    def save_checkpoint(self) -> str:
+        """Write a recover checkpoint after ``self.step`` (every rank calls it). Its path."""
+        return self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir))
+
+    def resume(self) -> bool:
+        """Load the recover checkpoint ``recover.mode`` asks for; True when one was loaded.
+
+        Raises:
+            RecoverError: none for ``recover.mode=resume``, or one that does not match this run.
+        """
+        path = self.checkpoints.to_resume()
+        if path is not None:
+            self.checkpoints.load(path, self._state_loaders(path))
+        return path is not None
+
     # -- loop ---------------------------------------------------------------------------------
 
     def train(self) -> None:
@@ -478,7 +501,7 @@ class RLTrainer:
 
     def _train(self) -> None:
         cfg = self.config
-        resumed = recover.maybe_resume(self)
+        resumed = self.resume()
         # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         if cfg.rollout.mode == "async":
@@ -537,17 +560,16 @@ class RLTrainer:
         limit = cfg.actor.max_consecutive_skipped_steps
         if limit is not None and self.consecutive_skipped >= limit:
             last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
-            raise recover.NonFiniteTrainingError(
+            where = (
+                f"The last good recover checkpoint is {last}"
+                if last
+                else "There is no recover checkpoint"
+            )
+            raise NonFiniteTrainingError(
                 f"the last {self.consecutive_skipped} training steps (up to step {self.step}) "
                 "were skipped for a non-finite loss or gradient "
-                f"(actor.max_consecutive_skipped_steps={limit}); stopping. "
-                + (
-                    f"The last good recover checkpoint is {last}."
-                    if last
-                    else "There is no recover checkpoint."
-                )
-                + " Lower actor.optimizer.lr or check the rewards, then rerun with "
-                "recover.mode=auto."
+                f"(actor.max_consecutive_skipped_steps={limit}); stopping. {where}. Lower "
+                "actor.optimizer.lr or check the rewards, then rerun with recover.mode=auto."
             )
         stop = self.stop_requested
         if dist.is_distributed():  # a signal may reach only some ranks
@@ -558,7 +580,7 @@ class RLTrainer:
             and not skipped  # a checkpoint only after a good step
         )
         if (periodic or stop) and self._last_recover_step != self.step:
-            recover.save_checkpoint(self)
+            self.save_checkpoint()
             self._last_recover_step = self.step
         if stop:
             logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
@@ -596,7 +618,7 @@ def run(config: PPOConfig) -> int:
 
     try:
         trainer.train()
-    except (recover.RecoverError, recover.NonFiniteTrainingError) as exc:
+    except (recover.RecoverError, NonFiniteTrainingError) as exc:
         print("error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 1
     except RolloutServerError as exc:
@@ -607,3 +629,8 @@ def run(config: PPOConfig) -> int:
     finally:
         trainer.close()
     return 0
+
+
+def _shards(shard_dir: str | None, part: str) -> str | None:
+    """Where a sharded engine's part writes and reads its shards (unsharded ones ignore it)."""
+    return None if shard_dir is None else os.path.join(shard_dir, f"{part}_shards")

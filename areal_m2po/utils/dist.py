@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -69,3 +71,21 @@ def all_gather_cat(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (picklable objects; ``obj`` itself in one process)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank ``dst``, None on the others."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out

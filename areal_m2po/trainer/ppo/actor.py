@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -133,6 +134,16 @@ class PPOActor:
             spec = losses.PPOLossSpec.from_actor_config(self.config, self.max_new_tokens)
             self._loss_spec = (self.config, spec)
         return self._loss_spec[1]
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """The actor's own state besides its engine's (recover checkpoints): the run of steps
+        with a high M2PO masked fraction and whether the inert-M2PO warning was given."""
+        return {"high_mask_streak": self._high_mask_streak, "warned_no_m2po": self._warned_no_m2po}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self._high_mask_streak = int(state["high_mask_streak"])
+        self._warned_no_m2po = bool(state["warned_no_m2po"])
 
     # -- log-probs ----------------------------------------------------------------------------
 

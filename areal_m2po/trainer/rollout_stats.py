@@ -1,0 +1,76 @@
+"""What the trainer measures on a rollout batch before training on it, and dynamic filtering.
+
+Every statistic is over all ranks (each rank holds its share of the batch's prompt groups).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from areal_m2po.utils import dist
+from areal_m2po.utils.data import Batch, select_rows
+
+__all__ = ["REWARD_COUNTS", "filter_groups", "rollout_stats"]
+
+REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
+"""Counters of the reward runner, summed over ranks."""
+
+
+def rollout_stats(batch: Batch, info: dict[str, float], version: int) -> dict[str, float]:
+    """``info`` (the generation's own stats, with :data:`REWARD_COUNTS` per rank) plus the
+    batch's reward mean/std, mean generated length (tokens), fraction without EOS, behaviour
+    versions (min, max) and staleness (``version`` minus the mean version of its valid tokens),
+    over all ranks. ``batch`` holds ``rewards`` ``[B]``, ``loss_mask``/``versions`` ``[B, T]``
+    and ``no_eos`` ``[B]``."""
+    stats = dict(info)
+    rewards = batch["rewards"]
+    gen_len = batch["loss_mask"].sum(-1).float()
+    local = torch.stack(
+        [
+            rewards.sum(),
+            (rewards**2).sum(),
+            gen_len.sum(),
+            batch["no_eos"].float().sum(),
+            torch.tensor(float(rewards.numel())),
+            *(torch.tensor(stats[k]) for k in REWARD_COUNTS),
+        ]
+    )
+    tot = dist.all_reduce_sum(local.double())
+    count = float(tot[4])
+    for i, k in enumerate(REWARD_COUNTS):  # summed over ranks
+        stats[k] = float(tot[5 + i])
+    stats["reward/mean"] = float(tot[0]) / count
+    stats["reward/std"] = math.sqrt(max(float(tot[1]) / count - stats["reward/mean"] ** 2, 0.0))
+    stats["rollout/gen_len_mean"] = float(tot[2]) / count
+    stats["rollout/no_eos_fraction"] = float(tot[3]) / count
+    versions = batch["versions"][batch["loss_mask"]]
+    stats["actor/version"] = float(version)
+    v_tot = dist.all_reduce_sum(
+        torch.tensor([float(versions.double().sum()), float(versions.numel())]).double()
+    )
+    if float(v_tot[1]):
+        ext = [-versions.min(), versions.max()] if versions.numel() else [-math.inf] * 2
+        v_ext = dist.all_reduce_max(torch.tensor([float(x) for x in ext]).double())
+        stats["rollout/version_min"] = -float(v_ext[0])
+        stats["rollout/version_max"] = float(v_ext[1])
+    stats["rollout/staleness"] = (
+        version - float(v_tot[0]) / float(v_tot[1]) if float(v_tot[1]) else 0.0
+    )
+    return stats
+
+
+def filter_groups(batch: Batch, group_size: int) -> tuple[Batch, float]:
+    """Drop the groups (``group_size`` consecutive rows) whose rewards are all equal, keeping
+    the first group if none remains; returns the batch and this rank's dropped fraction."""
+    r = batch["rewards"].view(-1, group_size)
+    informative = (r.max(-1).values - r.min(-1).values) > 0
+    n_groups = informative.numel()
+    if bool(informative.all()):
+        return batch, 0.0
+    keep = torch.nonzero(informative).flatten()
+    if keep.numel() == 0:
+        keep = torch.tensor([0])
+    rows = (keep[:, None] * group_size + torch.arange(group_size)).flatten()
+    return select_rows(batch, rows), 1.0 - float(informative.sum()) / n_groups
