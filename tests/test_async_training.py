@@ -96,6 +96,9 @@ def test_config_checks():
         RolloutConfig(mode="async", server_addrs=["localhost"])
     with pytest.raises(ConfigError, match="mode"):
         RolloutConfig(mode="remote")
+    with pytest.raises(ConfigError, match="server_device: must be auto, cpu, cuda or cuda:N"):
+        RolloutConfig(mode="async", server_device="gpu1")
+    RolloutConfig(mode="async", server_device="cuda:1")
     RolloutConfig(mode="async", max_head_offpolicyness=2, server_addrs=["127.0.0.1:30000"])
 
 

@@ -738,6 +738,11 @@ class RolloutConfig:
     server_threads: int | None = _field(
         None, "async mode: torch CPU threads of each server the trainer starts (null: default)."
     )
+    server_device: str = _field(
+        "auto",
+        "async mode: device of the servers the trainer starts: auto (cuda if PyTorch sees a GPU, "
+        "else cpu), cpu, cuda or cuda:N (e.g. a GPU of its own, so generation overlaps training).",
+    )
     max_concurrent_rollouts: int | None = _field(
         None,
         "async mode: sample requests in flight at most (null: one training batch, "
@@ -792,6 +797,10 @@ class RolloutConfig:
                     raise ConfigError("server_addrs", f"{addr!r} is not host:port")
         _check_number("n_servers", self.n_servers, ge=1, integer=True)
         _check_number("server_threads", self.server_threads, ge=1, integer=True, optional=True)
+        _check_str("server_device", self.server_device)
+        dev = self.server_device
+        if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+            raise ConfigError("server_device", f"must be auto, cpu, cuda or cuda:N, got {dev!r}")
         _check_number(
             "max_concurrent_rollouts",
             self.max_concurrent_rollouts,

@@ -110,6 +110,7 @@ class AsyncRollout:
                 rollout.n_servers,
                 log_dir=os.path.join(output_dir, "logs"),
                 num_threads=rollout.server_threads,
+                device=rollout.server_device,
                 **server_args,
             )
             addrs = self.servers.addrs

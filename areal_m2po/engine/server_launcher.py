@@ -46,6 +46,8 @@ class ServerProcesses:
         n: servers to start.
         model_path, tokenizer_path, dtype, attn_implementation: how each loads the model.
         num_threads: torch CPU threads per server (None: torch's default).
+        device: ``--device`` of every server (auto, cpu, cuda, cuda:N).
+        seed: server i samples with ``--random-seed seed * 1000 + i``.
         log_dir: each server's stdout/stderr go to ``log_dir/rollout_server_<i>.log``.
     """
 
@@ -58,6 +60,8 @@ class ServerProcesses:
         attn_implementation: str,
         num_threads: int | None,
         log_dir: str,
+        device: str = "auto",
+        seed: int = 0,
     ) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.addrs: list[str] = []
@@ -68,7 +72,8 @@ class ServerProcesses:
             port = free_port()
             cmd = [sys.executable, "-m", "areal_m2po.rollout_server", "--model-path", model_path]
             cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
-            cmd += ["--attn-implementation", attn_implementation, "--random-seed", str(i)]
+            cmd += ["--attn-implementation", attn_implementation, "--device", device]
+            cmd += ["--random-seed", str(seed * 1000 + i)]
             cmd += ["--parent-pid", str(os.getpid())]
             if tokenizer_path:
                 cmd += ["--tokenizer-path", tokenizer_path]

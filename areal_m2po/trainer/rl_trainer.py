@@ -269,6 +269,7 @@ class RLTrainer:
                 tokenizer_path=cfg.tokenizer_path,
                 dtype=cfg.actor.dtype,
                 attn_implementation=cfg.actor.attn_implementation,
+                seed=cfg.seed,
             ),
             self.actor_engine.unwrapped.config,
             self.output_dir,
