@@ -166,6 +166,7 @@ def worker(backend: str, out_path: str, args: argparse.Namespace) -> None:
         with open(out_path, "w") as fh:
             json.dump(ranks, fh)
     accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 def _free_port() -> int:

@@ -79,6 +79,8 @@ def main(out_path: str, output_dir: str) -> None:
     if trainer.is_main:
         torch.save(per_rank, out_path)
     trainer.close()
+    # close() ends the run's process group (left alive, gloo can abort the exit)
+    assert not torch.distributed.is_initialized(), "trainer.close() left the process group"
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ def main(out_path: str, backend: str = "ddp") -> None:
     if rank == 0:
         torch.save(result, out_path)
     accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 def _without_tokens(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

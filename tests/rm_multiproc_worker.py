@@ -83,6 +83,8 @@ def main(work: str, out_path: str) -> None:
             out_path,
         )
     trainer.close()
+    # close() ends the run's process group (left alive, gloo can abort the exit)
+    assert not torch.distributed.is_initialized(), "trainer.close() left the process group"
 
 
 if __name__ == "__main__":

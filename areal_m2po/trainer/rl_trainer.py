@@ -601,6 +601,8 @@ class RLTrainer:
         finally:
             self.stats_logger.close()
             self.reward_runner.close()
+            # destroy the process group: gloo's threads abort the interpreter at exit otherwise
+            self.accelerator.end_training()
 
 
 def run(config: PPOConfig) -> int:

@@ -302,6 +302,8 @@ class RWTrainer:
 
     def close(self) -> None:
         self.stats_logger.close()
+        # destroy the process group: gloo's threads abort the interpreter at exit otherwise
+        self.accelerator.end_training()
 
 
 def run(config: RWConfig) -> int:
