@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from areal_m2po.utils.console import print_error
+
 __all__ = ["main", "parse_args"]
 
 _DTYPES = {"auto": "float32", "float": "float32", "float32": "float32", "half": "float16"}
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         model = load_causal_lm(args.model_path, _DTYPES[args.dtype], args.attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tok_path))
     except (OSError, ValueError) as exc:
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_error(exc)
         return 2
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -14,13 +14,9 @@ from __future__ import annotations
 import sys
 
 from areal_m2po.api.cli_args import RWConfig
-from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
+from areal_m2po.entry import EXIT_BAD_CONFIG, config_main
 
-__all__ = ["main"]
-
-EXIT_BAD_CONFIG = 2
-_HELP_FLAGS = ("-h", "--help")
-_PRINT_CONFIG = "--print-config"
+__all__ = ["EXIT_BAD_CONFIG", "main"]
 
 USAGE = """\
 usage: python -m areal_m2po.train_rm [--config FILE.yaml] [--print-config] [-h]
@@ -38,8 +34,10 @@ options:
 """
 
 
-def _error(message: str) -> None:
-    print("error: " + " ".join(message.split()), file=sys.stderr)
+def _run(cfg: RWConfig) -> int:
+    from areal_m2po.trainer.rw_trainer import run  # heavy: only once the config is valid
+
+    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,25 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 for ``--help``/``--print-config`` and a finished run, 2 for bad input.
     """
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in _HELP_FLAGS for a in args):
-        sys.stdout.write(format_help(RWConfig, usage=USAGE))
-        return 0
-    print_config = _PRINT_CONFIG in args
-    args = [a for a in args if a != _PRINT_CONFIG]
-    try:
-        cfg = load_config(args, RWConfig)
-        if not print_config:
-            cfg.check_required()
-    except ValueError as exc:  # ConfigError and any other bad-config problem
-        _error(str(exc))
-        return EXIT_BAD_CONFIG
-    if print_config:
-        sys.stdout.write(config_to_yaml(cfg))
-        return 0
-    from areal_m2po.trainer.rw_trainer import run
-
-    return run(cfg)
+    return config_main(argv, RWConfig, _run, usage=USAGE, check_before_run=RWConfig.check_required)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -34,7 +33,9 @@ from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
+from areal_m2po.trainer.run_setup import make_stats_logger, start_run, write_run_config
 from areal_m2po.utils import dist, recover
+from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
 from areal_m2po.utils.phases import Phases, StepCallback
 
@@ -43,16 +44,6 @@ logger = logging.getLogger("areal_m2po.trainer")
 
 class NonFiniteTrainingError(RuntimeError):
     """Too many consecutive training steps were skipped for a non-finite loss or gradient."""
-
-
-def _setup_logging(is_main: bool) -> None:
-    root = logging.getLogger("areal_m2po")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-        root.addHandler(handler)
-    root.setLevel(logging.INFO if is_main else logging.WARNING)
-    root.propagate = False
 
 
 class RLTrainer:
@@ -81,23 +72,10 @@ class RLTrainer:
                 f"set to {cfg.actor.loss_fn!r} while RLTrainer got actor_loss_fn too; pass one",
             )
         self.phases = Phases(callbacks)
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
-        from accelerate import Accelerator
-        from accelerate.utils import set_seed
-
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        self.is_main = self.accelerator.is_main_process
-        _setup_logging(self.is_main)
-        self.rank, self.world = dist.rank(), dist.world_size()
-        set_seed(cfg.seed)
-        assert cfg.output_dir is not None
-        self.output_dir = cfg.output_dir
-        if self.is_main:
-            os.makedirs(self.output_dir, exist_ok=True)
-            from areal_m2po.api.config_loader import save_config
-
-            save_config(cfg, os.path.join(self.output_dir, "config.yaml"))
+        ctx = start_run(cfg)
+        self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
+        self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
+        write_run_config(cfg, ctx)
         self._check_launch()
         from areal_m2po.reward import load_reward_fn
 
@@ -106,15 +84,7 @@ class RLTrainer:
         self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
         self._build_data()
         self._build_models()
-        from areal_m2po.utils.stats_logger import StatsLogger
-
-        self.stats_logger = StatsLogger(
-            cfg.stats_logger,
-            self.output_dir,
-            f"{cfg.experiment_name}/{cfg.trial_name}",
-            asdict(cfg),
-            is_main=self.is_main,
-        )
+        self.stats_logger = make_stats_logger(cfg, ctx)
         self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.step = 0  # finished training steps
         self.n_rollouts = 0  # rollout batches generated so far (seeds the sampler)
@@ -615,19 +585,19 @@ def run(config: PPOConfig) -> int:
     try:
         trainer = RLTrainer(config)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_error(exc)
         return 2
     from areal_m2po.engine.remote_rollout import RolloutServerError
 
     try:
         trainer.train()
     except (recover.RecoverError, NonFiniteTrainingError) as exc:
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_error(exc)
         return 1
     except RolloutServerError as exc:
         last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
         msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"
-        print("error: " + " ".join(msg.split()), file=sys.stderr)
+        print_error(msg)
         return 1
     finally:
         trainer.close()

@@ -18,30 +18,20 @@ import contextlib
 import logging
 import math
 import os
-import sys
 import time
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from areal_m2po.api.cli_args import PreferenceDatasetConfig, RWConfig
+from areal_m2po.trainer.run_setup import make_stats_logger, start_run, write_run_config
 from areal_m2po.utils import dist
+from areal_m2po.utils.console import print_error
 from areal_m2po.utils.reward_model_loss import bradley_terry_loss, preference_stats
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 
 __all__ = ["RWTrainer", "run"]
-
-
-def _setup_logging(is_main: bool) -> None:
-    root = logging.getLogger("areal_m2po")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-        root.addHandler(handler)
-    root.setLevel(logging.INFO if is_main else logging.WARNING)
-    root.propagate = False
 
 
 def _load_pairs(
@@ -60,34 +50,13 @@ class RWTrainer:
     def __init__(self, config: RWConfig) -> None:
         self.config = cfg = config
         cfg.check_required()
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)
-        from accelerate import Accelerator
-        from accelerate.utils import set_seed
-
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-        self.is_main = self.accelerator.is_main_process
-        _setup_logging(self.is_main)
-        self.rank, self.world = dist.rank(), dist.world_size()
-        set_seed(cfg.seed)
-        assert cfg.output_dir is not None
-        self.output_dir = cfg.output_dir
+        ctx = start_run(cfg)
+        self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
+        self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
         self._build_data()
-        if self.is_main:
-            os.makedirs(self.output_dir, exist_ok=True)
-            from areal_m2po.api.config_loader import save_config
-
-            save_config(cfg, os.path.join(self.output_dir, "config.yaml"))
+        write_run_config(cfg, ctx)
         self._build_model()
-        from areal_m2po.utils.stats_logger import StatsLogger
-
-        self.stats_logger = StatsLogger(
-            cfg.stats_logger,
-            self.output_dir,
-            f"{cfg.experiment_name}/{cfg.trial_name}",
-            asdict(cfg),
-            is_main=self.is_main,
-        )
+        self.stats_logger = make_stats_logger(cfg, ctx)
         self.step = 0
 
     def _build_data(self) -> None:
@@ -311,7 +280,7 @@ def run(config: RWConfig) -> int:
     try:
         trainer = RWTrainer(config)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
+        print_error(exc)
         return 2
     try:
         trainer.train()

@@ -1,0 +1,68 @@
+"""The command line shared by ``python -m areal_m2po.train`` and ``python -m areal_m2po.train_rm``:
+``--help``, ``--print-config``, the config (defaults, ``--config FILE.yaml``, ``KEY=VALUE``) and
+the exit status.
+
+A bad config exits with status 2 and one line ``error: <key>: <message>`` on stderr before
+torch, transformers or any model or data loads: ``run_training`` (which imports the heavy parts)
+is called only with a valid config.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
+from areal_m2po.utils.console import print_error
+
+EXIT_BAD_CONFIG = 2
+HELP_FLAGS = ("-h", "--help")
+PRINT_CONFIG = "--print-config"
+
+
+def config_main(
+    argv: list[str] | None,
+    config_cls: type,
+    run_training: Callable[[Any], int | None],
+    *,
+    usage: str | None = None,
+    check_before_run: Callable[[Any], None] | None = None,
+) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) into a ``config_cls``, then print help or the
+    config, or train.
+
+    Args:
+        run_training: called with the valid config; its return value is the exit status
+            (None counts as 0). A :class:`ConfigError` it raises exits with status 2.
+        usage: the head of ``--help`` (None: the PPO trainer's).
+        check_before_run: extra checks of a config that is about to train (not for
+            ``--print-config``); a ``ValueError`` exits with status 2.
+
+    Returns:
+        The exit status: 0 for ``--help``/``--print-config``, 2 for a bad config, else what
+        ``run_training`` returns.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in HELP_FLAGS for a in args):
+        sys.stdout.write(format_help(config_cls, usage=usage))
+        return 0
+    print_config = PRINT_CONFIG in args
+    args = [a for a in args if a != PRINT_CONFIG]
+    try:
+        cfg = load_config(args, config_cls)
+        if check_before_run is not None and not print_config:
+            check_before_run(cfg)
+    except ValueError as exc:  # ConfigError and any other bad-config problem
+        print_error(exc)
+        return EXIT_BAD_CONFIG
+    if print_config:
+        sys.stdout.write(config_to_yaml(cfg))
+        return 0
+    try:
+        status = run_training(cfg)
+    except ConfigError as exc:
+        print_error(exc)
+        return EXIT_BAD_CONFIG
+    return 0 if status is None else int(status)

@@ -1,0 +1,75 @@
+"""What every trainer does before it builds its parts: threads, the Accelerator, logging, the
+seed, the output directory with the resolved ``config.yaml``, and the metrics logger."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from areal_m2po.utils import dist
+from areal_m2po.utils.console import setup_logging
+
+
+@dataclass
+class RunContext:
+    """The process's place in the run.
+
+    Attributes:
+        accelerator: the run's ``accelerate.Accelerator`` (CPU when no CUDA device is present).
+        is_main: whether this is rank 0 (it writes files and logs at INFO).
+        rank: this process's rank; world: the number of processes.
+        output_dir: the run's output directory (created by rank 0).
+    """
+
+    accelerator: Any
+    is_main: bool
+    rank: int
+    world: int
+    output_dir: str
+
+
+def start_run(config: Any) -> RunContext:
+    """Set threads (``num_threads``), start the Accelerator, set up logging and seed every RNG
+    with ``seed``. ``config`` is a root config (``PPOConfig`` or ``RWConfig``)."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    setup_logging(accelerator.is_main_process)
+    set_seed(config.seed)
+    assert config.output_dir is not None  # filled in by the config's __post_init__
+    return RunContext(
+        accelerator=accelerator,
+        is_main=accelerator.is_main_process,
+        rank=dist.rank(),
+        world=dist.world_size(),
+        output_dir=config.output_dir,
+    )
+
+
+def write_run_config(config: Any, ctx: RunContext) -> None:
+    """Rank 0 creates the output directory and writes the resolved config to ``config.yaml``."""
+    if ctx.is_main:
+        os.makedirs(ctx.output_dir, exist_ok=True)
+        from areal_m2po.api.config_loader import save_config
+
+        save_config(config, os.path.join(ctx.output_dir, "config.yaml"))
+
+
+def make_stats_logger(config: Any, ctx: RunContext) -> Any:
+    """The run's :class:`~areal_m2po.utils.stats_logger.StatsLogger` (``metrics.jsonl``, console,
+    wandb as ``config.stats_logger`` says), named ``experiment_name/trial_name``."""
+    from areal_m2po.utils.stats_logger import StatsLogger
+
+    return StatsLogger(
+        config.stats_logger,
+        ctx.output_dir,
+        f"{config.experiment_name}/{config.trial_name}",
+        asdict(config),
+        is_main=ctx.is_main,
+    )
