@@ -82,3 +82,31 @@ def check_launch(
                 f"launch with --mixed_precision no and set {name}.fsdp.param_dtype (e.g. "
                 "bfloat16) instead",
             )
+
+
+def check_batch_split(batch_size: int, world: int, key: str = "train_dataset.batch_size") -> None:
+    """Raise ValueError unless the global batch of ``batch_size`` rows (prompt groups or pairs)
+    splits evenly over ``world`` processes."""
+    if batch_size % world != 0:
+        raise ValueError(
+            f"{key} ({batch_size}) must be a multiple of the number of processes ({world})"
+        )
+
+
+def check_rl_batch(config: PPOConfig, world: int) -> None:
+    """Raise ValueError for an RL run whose batch cannot be split over ``world`` processes
+    (whole prompt groups per rank, at least ``actor.ppo_n_minibatches`` of them), or that asks
+    for the async rollout with more than one trainer process."""
+    if config.rollout.mode == "async" and world > 1:
+        raise ValueError(
+            "rollout.mode=async runs in one trainer process for now; launch without "
+            f"accelerate's {world} processes or use rollout.mode=sync"
+        )
+    batch = config.train_dataset.batch_size
+    check_batch_split(batch, world)
+    if batch // world < config.actor.ppo_n_minibatches:
+        raise ValueError(
+            f"actor.ppo_n_minibatches ({config.actor.ppo_n_minibatches}) exceeds the "
+            f"{batch // world} prompt groups each of the {world} processes holds "
+            "(train_dataset.batch_size / processes)"
+        )

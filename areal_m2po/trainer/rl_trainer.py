@@ -98,7 +98,7 @@ class RLTrainer:
 
     def _check_launch(self) -> None:
         """Refuse launch set-ups this trainer does not handle, before any model loads."""
-        from areal_m2po.trainer.launch import check_launch
+        from areal_m2po.trainer.launch import check_launch, check_rl_batch
 
         cfg = self.config
         check_launch(
@@ -108,23 +108,7 @@ class RLTrainer:
             torch.cuda.is_available(),
             str(self.accelerator.mixed_precision),
         )
-        batch = cfg.train_dataset.batch_size
-        if cfg.rollout.mode == "async" and self.world > 1:
-            raise ValueError(
-                "rollout.mode=async runs in one trainer process for now; launch without "
-                f"accelerate's {self.world} processes or use rollout.mode=sync"
-            )
-        if batch % self.world != 0:
-            raise ValueError(
-                f"train_dataset.batch_size ({batch}) must be a multiple of the number of "
-                f"processes ({self.world})"
-            )
-        if batch // self.world < cfg.actor.ppo_n_minibatches:
-            raise ValueError(
-                f"actor.ppo_n_minibatches ({cfg.actor.ppo_n_minibatches}) exceeds the "
-                f"{batch // self.world} prompt groups each of the {self.world} processes holds "
-                "(train_dataset.batch_size / processes)"
-            )
+        check_rl_batch(cfg, self.world)
 
     def _build_data(self) -> None:
         from transformers import AutoTokenizer

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import PreferenceDatasetConfig, RWConfig
+from areal_m2po.trainer.launch import check_batch_split
 from areal_m2po.trainer.run_setup import make_stats_logger, start_run, write_run_config
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error
@@ -72,11 +73,7 @@ class RWTrainer:
             else []
         )
         batch = cfg.train_dataset.batch_size
-        if batch % self.world != 0:
-            raise ValueError(
-                f"train_dataset.batch_size ({batch}) must be a multiple of the number of "
-                f"processes ({self.world})"
-            )
+        check_batch_split(batch, self.world)
         self.loader = PromptLoader(
             self.train_pairs,
             batch_size=batch,
