@@ -30,7 +30,6 @@ import ctypes
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -169,28 +168,11 @@ def worker(backend: str, out_path: str, args: argparse.Namespace) -> None:
     accelerator.end_training()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(backend: str, out_path: str, argv: list[str]) -> None:
+    from areal_m2po.trainer.launch import cpu_launch_command
+
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(_free_port()),
+        *cpu_launch_command(2),
         os.path.abspath(__file__),
         "--worker",
         backend,

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from areal_m2po.trainer.launch import cpu_launch_command
 
 pytestmark = pytest.mark.multiproc
 
@@ -35,31 +36,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(n: int) -> list[str]:
-    """``accelerate launch`` of ``n`` CPU processes (--multi_gpu is what makes it start n
-    processes with gloo on a machine without GPUs; --cpu alone starts one)."""
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(n),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(_free_port()),
-    ]
+    """``accelerate launch`` of ``n`` CPU processes (gloo)."""
+    return cpu_launch_command(n)
 
 
 def _check(procs: list[subprocess.Popen]) -> None:

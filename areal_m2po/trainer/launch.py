@@ -15,6 +15,8 @@ applies FSDP2 itself on the process group Accelerate made, so:
 
 from __future__ import annotations
 
+import sys
+
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
 
 _MULTI = ("MULTI_GPU", "MULTI_CPU")
@@ -110,3 +112,28 @@ def check_rl_batch(config: PPOConfig, world: int) -> None:
             f"{batch // world} prompt groups each of the {world} processes holds "
             "(train_dataset.batch_size / processes)"
         )
+
+
+def cpu_launch_command(num_processes: int, port: int | None = None) -> list[str]:
+    """The argv prefix of ``accelerate launch`` for ``num_processes`` processes on this machine
+    with gloo (``--multi_gpu`` is what starts N processes even without GPUs; ``--cpu`` alone
+    starts one), no mixed precision, no dynamo, on a free ``port`` (None: pick one). Append the
+    script and its arguments."""
+    from areal_m2po.engine.server_launcher import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port() if port is None else port),
+    ]
