@@ -113,6 +113,24 @@ def test_load_jsonl_missing_field(tmp_path) -> None:
         load_records(path)
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('["q", "1"]', r"data\.jsonl:2: expected a JSON object, got list"),
+        (
+            '{"question": 3, "answer": "1"}',
+            r"data\.jsonl:2: field 'question' must be a string, got int",
+        ),
+        # both fields are checked for presence before the prompt's type
+        ('{"question": 3}', r"data\.jsonl:2: missing field 'answer'$"),
+    ],
+)
+def test_load_jsonl_bad_record(tmp_path, line: str, message: str) -> None:
+    path = _write_jsonl(tmp_path / "data.jsonl", [json.dumps({"question": "q", "answer": 1}), line])
+    with pytest.raises(ValueError, match=message):
+        load_records(path)
+
+
 def test_load_json_list(tmp_path) -> None:
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"question": "a", "answer": "1"}, {"question": "b", "answer": 2}]))

@@ -262,6 +262,9 @@ _GOOD = {"prompt": "p", "chosen": "a", "rejected": "b"}
         ({"prompt": "p", "chosen": "", "rejected": "b"}, "field 'chosen' is empty"),
         ({"prompt": "p", "chosen": "a", "rejected": "  "}, "field 'rejected' is empty"),
         ({"prompt": "p", "chosen": 3, "rejected": "b"}, "field 'chosen' must be a string"),
+        # fields are checked one by one, in order: the bad prompt before the missing chosen
+        ({"prompt": 1, "rejected": "b"}, "field 'prompt' must be a string"),
+        ({"prompt": "p", "chosen": "", "rejected": 2}, "field 'chosen' is empty"),
         ({"prompt": "p", "chosen": "a", "rejected": "a"}, "are the same text"),
         ({**_GOOD, "margin": "big"}, "field 'margin' must be a number"),
         (["not", "an", "object"], "expected a JSON object"),

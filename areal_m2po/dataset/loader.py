@@ -27,20 +27,33 @@ _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 # ---------------------------------------------------------------------------- loading
+def _check_object(raw: Any, where: str) -> None:
+    """Raise a one-line ``ValueError`` naming ``where`` unless ``raw`` is a JSON object."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+
+
+def _required_field(
+    raw: Mapping[str, Any], name: str, where: str, string: bool = False, missing_hint: str = ""
+) -> Any:
+    """``raw[name]``; a one-line ``ValueError`` naming ``where`` and the field when it is missing
+    (``missing_hint`` appended to the message) or, with ``string``, not a ``str``."""
+    if name not in raw:
+        raise ValueError(f"{where}: missing field {name!r}{missing_hint}")
+    value = raw[name]
+    if string and not isinstance(value, str):
+        raise ValueError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
 def _rename(
     raw: Mapping[str, Any], prompt_field: str, answer_field: str, where: str
 ) -> dict[str, Any]:
     """One record with ``question``/``answer`` keys taken from the configured fields."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    _check_object(raw, where)
     for name in (prompt_field, answer_field):
-        if name not in raw:
-            raise ValueError(f"{where}: missing field {name!r}")
-    question = raw[prompt_field]
-    if not isinstance(question, str):
-        raise ValueError(
-            f"{where}: field {prompt_field!r} must be a string, got {type(question).__name__}"
-        )
+        _required_field(raw, name, where)
+    question = _required_field(raw, prompt_field, where, string=True)
     answer = raw[answer_field]
     record = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
     record["question"] = question

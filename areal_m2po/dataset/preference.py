@@ -21,7 +21,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from areal_m2po.dataset.loader import _as_id_list, _has_chat_template, read_rows
+from areal_m2po.dataset.loader import (
+    _as_id_list,
+    _check_object,
+    _has_chat_template,
+    _required_field,
+    read_rows,
+)
 
 __all__ = [
     "PREFERENCE_FIELDS",
@@ -37,17 +43,11 @@ PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 
 def _check_record(raw: Any, where: str) -> dict[str, Any]:
     """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped)."""
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    _check_object(raw, where)
     record: dict[str, Any] = {}
+    hint = f" (a pair needs {PREFERENCE_FIELDS})"
     for name in PREFERENCE_FIELDS:
-        if name not in raw:
-            raise ValueError(f"{where}: missing field {name!r} (a pair needs {PREFERENCE_FIELDS})")
-        value = raw[name]
-        if not isinstance(value, str):
-            raise ValueError(
-                f"{where}: field {name!r} must be a string, got {type(value).__name__}"
-            )
+        value = _required_field(raw, name, where, string=True, missing_hint=hint)
         if name != "prompt" and not value.strip():
             raise ValueError(f"{where}: field {name!r} is empty")
         record[name] = value

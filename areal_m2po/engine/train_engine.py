@@ -28,6 +28,7 @@ from areal_m2po.engine.forward import (
     token_logprobs,
     zero_through_model,
 )
+from areal_m2po.engine.optim import build_optimizer
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, split_microbatches
 
@@ -144,28 +145,7 @@ class HFTrainEngine:
             raw.gradient_checkpointing_enable()
         if self.sharded:
             raw = self._place(raw)
-        opt_cfg = config.optimizer
-        params = [p for p in raw.parameters() if p.requires_grad]
-        if opt_cfg.type == "adamw":
-            optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                params,
-                lr=opt_cfg.lr,
-                betas=(opt_cfg.beta1, opt_cfg.beta2),
-                eps=opt_cfg.eps,
-                weight_decay=opt_cfg.weight_decay,
-            )
-        else:
-            optimizer = torch.optim.SGD(
-                params, lr=opt_cfg.lr, momentum=opt_cfg.beta1, weight_decay=opt_cfg.weight_decay
-            )
-        from transformers import get_scheduler
-
-        scheduler = get_scheduler(
-            opt_cfg.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=int(round(opt_cfg.warmup_steps_proportion * total_steps)),
-            num_training_steps=max(total_steps, 1),
-        )
+        optimizer, scheduler = build_optimizer(raw.parameters(), config.optimizer, total_steps)
         # The scheduler stays unwrapped: Accelerate's wrapper steps it once per process.
         if self.sharded:
             self.model, self.optimizer = raw, optimizer

@@ -85,8 +85,7 @@ class RWTrainer:
         self.total_steps = min(steps, cfg.total_train_steps) if cfg.total_train_steps else steps
 
     def _build_model(self) -> None:
-        from transformers import get_scheduler
-
+        from areal_m2po.engine.optim import build_optimizer
         from areal_m2po.reward.reward_model import LastTokenScorer, load_reward_model
 
         mcfg = self.config.model
@@ -95,25 +94,8 @@ class RWTrainer:
         )
         if mcfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        opt = mcfg.optimizer
-        params = [p for p in model.parameters() if p.requires_grad]
-        if opt.type == "adamw":
-            optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                params,
-                lr=opt.lr,
-                betas=(opt.beta1, opt.beta2),
-                eps=opt.eps,
-                weight_decay=opt.weight_decay,
-            )
-        else:
-            optimizer = torch.optim.SGD(
-                params, lr=opt.lr, momentum=opt.beta1, weight_decay=opt.weight_decay
-            )
-        self.scheduler = get_scheduler(
-            opt.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=int(round(opt.warmup_steps_proportion * self.total_steps)),
-            num_training_steps=max(self.total_steps, 1),
+        optimizer, self.scheduler = build_optimizer(
+            model.parameters(), mcfg.optimizer, self.total_steps
         )
         self.scorer, self.optimizer = self.accelerator.prepare(LastTokenScorer(model), optimizer)
 

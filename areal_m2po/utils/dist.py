@@ -27,21 +27,23 @@ def _comm_device(t: torch.Tensor) -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum of ``t`` over ranks (a new tensor on ``t``'s device; ``t`` itself is untouched)."""
+def _all_reduce(t: torch.Tensor, op: dist.ReduceOp.RedOpType) -> torch.Tensor:
+    """``t`` reduced over ranks with ``op`` (a new tensor on ``t``'s device; ``t`` untouched)."""
     if not is_distributed():
         return t.clone()
     buf = t.detach().to(_comm_device(t), copy=True)
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    dist.all_reduce(buf, op=op)
     return buf.to(t.device)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over ranks (a new tensor on ``t``'s device; ``t`` itself is untouched)."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    if not is_distributed():
-        return t.clone()
-    buf = t.detach().to(_comm_device(t), copy=True)
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return buf.to(t.device)
+    """Element-wise max of ``t`` over ranks (a new tensor on ``t``'s device)."""
+    return _all_reduce(t, dist.ReduceOp.MAX)
 
 
 def all_gather_cat(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:

@@ -1,0 +1,69 @@
+"""build_optimizer: the optimizer's hyperparameters and the LR schedule, checked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from areal_m2po.api.cli_args import OptimizerConfig
+from areal_m2po.engine.optim import build_optimizer
+
+
+def _lrs(optimizer: torch.optim.Optimizer, scheduler, steps: int) -> list[float]:
+    """The learning rate used by each of ``steps`` optimizer steps."""
+    out = []
+    for _ in range(steps):
+        out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def test_adamw_takes_the_config_and_only_trainable_params() -> None:
+    trainable = torch.nn.Parameter(torch.zeros(3))
+    frozen = torch.nn.Parameter(torch.zeros(2), requires_grad=False)
+    cfg = OptimizerConfig(lr=3e-4, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=0.1)
+    optimizer, _ = build_optimizer(iter([trainable, frozen]), cfg, total_steps=5)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    (group,) = optimizer.param_groups
+    assert group["params"] == [trainable]
+    assert group["betas"] == (0.8, 0.95)
+    assert (group["eps"], group["weight_decay"], group["initial_lr"]) == (1e-6, 0.1, 3e-4)
+
+
+def test_sgd_uses_beta1_as_momentum() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(type="sgd", lr=0.5, beta1=0.25, weight_decay=0.01)
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=3)
+    assert isinstance(optimizer, torch.optim.SGD)
+    (group,) = optimizer.param_groups
+    assert (group["momentum"], group["weight_decay"]) == (0.25, 0.01)
+    assert _lrs(optimizer, scheduler, 3) == [0.5, 0.5, 0.5]  # constant, no warm-up
+
+
+def test_linear_schedule_with_warmup_by_hand() -> None:
+    # 10 steps, warm-up round(0.2 * 10) = 2: lr * k / 2, then lr * (10 - k) / 8
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(lr=2.0, warmup_steps_proportion=0.2, lr_scheduler_type="linear")
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=10)
+    want = [0.0, 1.0] + [2.0 * (10 - k) / 8 for k in range(2, 10)]
+    assert _lrs(optimizer, scheduler, 10) == pytest.approx(want, abs=1e-12)
+
+
+def test_cosine_schedule_by_hand() -> None:
+    # warm-up round(0.25 * 8) = 2 steps, then 0.5 * (1 + cos(pi * (k - 2) / 6))
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(lr=1.0, warmup_steps_proportion=0.25, lr_scheduler_type="cosine")
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=8)
+    want = [0.0, 0.5] + [0.5 * (1 + math.cos(math.pi * (k - 2) / 6)) for k in range(2, 8)]
+    assert _lrs(optimizer, scheduler, 8) == pytest.approx(want, abs=1e-12)
+
+
+def test_zero_total_steps_is_one_training_step() -> None:
+    # a linear schedule over max(0, 1) = 1 step: the first step at full lr, then 0
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(lr=1.0, lr_scheduler_type="linear")
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=0)
+    assert _lrs(optimizer, scheduler, 2) == [1.0, 0.0]
