@@ -97,6 +97,99 @@ def _first_fit_rows(lengths: list[int], capacity: int) -> tuple[list[int], list[
     return row_of, off_of, fills
 
 
+def _empty_layout(pad_id: int) -> PackedLayout:
+    """The layout of a micro-batch without a real token: one padding token, nothing kept."""
+    empty = torch.zeros(0, dtype=torch.long)
+    return PackedLayout(
+        input_ids=torch.full((1, 1), pad_id, dtype=torch.long),
+        position_ids=torch.zeros(1, 1, dtype=torch.long),
+        logits_to_keep=torch.zeros(1, 1, dtype=torch.bool),
+        labels=empty,
+        dst_rows=empty,
+        dst_cols=empty,
+        cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
+        max_seqlen=1,
+        n_real=0,
+    )
+
+
+def _place_sequences(
+    lengths: list[int], seqs: list[int], single_row: bool
+) -> tuple[list[int], list[int], list[int], int]:
+    """Where each padded row's sequence goes: ``(row, offset)`` per padded row (0 for rows
+    without a token), the fill of each packed row, and the packed row width.
+
+    ``single_row``: every sequence of ``seqs`` one after another in row 0, width their total;
+    otherwise first fit, longest first, into rows as wide as the longest sequence.
+    """
+    row_list = [0] * len(lengths)
+    off_list = [0] * len(lengths)
+    if single_row:
+        fill = 0
+        for i in seqs:
+            off_list[i] = fill
+            fill += lengths[i]
+        return row_list, off_list, [fill], fill
+    width = max(lengths)
+    r_k, o_k, fills = _first_fit_rows([lengths[i] for i in seqs], width)
+    for j, i in enumerate(seqs):
+        row_list[i], off_list[i] = r_k[j], o_k[j]
+    return row_list, off_list, fills, width
+
+
+def _cu_seqlens(
+    seq_rows: list[int],
+    seq_offsets: list[int],
+    seq_lengths: list[int],
+    fills: list[int],
+    width: int,
+) -> tuple[torch.Tensor, int]:
+    """int32 ``[S + 1]`` cumulative sequence lengths over the flattened rows, and the longest.
+
+    Sequences are listed row by row in offset order; the unused tail of a row (``width`` minus
+    its fill) is one more segment.
+    """
+    by_row: list[list[tuple[int, int]]] = [[] for _ in fills]
+    for r, off, n in zip(seq_rows, seq_offsets, seq_lengths):
+        by_row[r].append((off, n))
+    seg_lens: list[int] = []
+    for r, fill in enumerate(fills):
+        seg_lens.extend(n for _, n in sorted(by_row[r]))
+        if fill < width:
+            seg_lens.append(width - fill)
+    cu = torch.zeros(len(seg_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(seg_lens, dtype=torch.int32).cumsum(0)
+    return cu, max(seg_lens)
+
+
+def _token_destinations(
+    attn: torch.Tensor, row_list: list[int], off_list: list[int], width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every real token of ``attn`` (bool ``[b, T]``), row-major so each sequence in order.
+
+    Returns int64 ``[N]`` tensors: its padded row and column, its index inside its own
+    sequence, and its index in the flattened ``[rows * width]`` packed layout.
+    """
+    row_of = torch.tensor(row_list, dtype=torch.long)
+    off_of = torch.tensor(off_list, dtype=torch.long)
+    src_b, src_t = attn.nonzero(as_tuple=True)
+    k = (attn.long().cumsum(1) - 1)[src_b, src_t]
+    dest = row_of[src_b] * width + off_of[src_b] + k
+    return src_b, src_t, k, dest
+
+
+def _position_ids(
+    dest: torch.Tensor, k: torch.Tensor, fills: list[int], width: int
+) -> torch.Tensor:
+    """int64 ``[rows * width]`` position ids: ``k`` for the real tokens at ``dest``; the unused
+    tail of a row counts from 0 again (a separate, ignored segment)."""
+    col = torch.arange(width, dtype=torch.long)
+    fill_t = torch.tensor(fills, dtype=torch.long)
+    flat_pos = (col[None, :] - fill_t[:, None]).clamp(min=0).reshape(-1)
+    flat_pos[dest] = k
+    return flat_pos
+
+
 def pack_micro_batch(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -123,51 +216,13 @@ def pack_micro_batch(
     lengths = attn.sum(1).tolist()
     seqs = [i for i, n in enumerate(lengths) if n > 0]
     if not seqs:
-        empty = torch.zeros(0, dtype=torch.long)
-        return PackedLayout(
-            input_ids=torch.full((1, 1), pad_id, dtype=torch.long),
-            position_ids=torch.zeros(1, 1, dtype=torch.long),
-            logits_to_keep=torch.zeros(1, 1, dtype=torch.bool),
-            labels=empty,
-            dst_rows=empty,
-            dst_cols=empty,
-            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
-            max_seqlen=1,
-            n_real=0,
-        )
-    if single_row:
-        row_list = [0] * len(lengths)
-        off_list = [0] * len(lengths)
-        fill = 0
-        for i in seqs:
-            off_list[i] = fill
-            fill += lengths[i]
-        fills = [fill]
-        width = fill
-    else:
-        width = max(lengths)
-        kept = [lengths[i] for i in seqs]
-        r_k, o_k, fills = _first_fit_rows(kept, width)
-        row_list = [0] * len(lengths)
-        off_list = [0] * len(lengths)
-        for j, i in enumerate(seqs):
-            row_list[i], off_list[i] = r_k[j], o_k[j]
+        return _empty_layout(pad_id)
+    row_list, off_list, fills, width = _place_sequences(lengths, seqs, single_row)
     n_rows = len(fills)
-    row_of = torch.tensor(row_list, dtype=torch.long)
-    off_of = torch.tensor(off_list, dtype=torch.long)
-
-    # every real token (row-major in the padded grid, so each sequence in order)
-    src_b, src_t = attn.nonzero(as_tuple=True)
-    k = (attn.long().cumsum(1) - 1)[src_b, src_t]  # index inside its own sequence
-    dest = row_of[src_b] * width + off_of[src_b] + k
-
+    src_b, src_t, k, dest = _token_destinations(attn, row_list, off_list, width)
     flat_ids = torch.full((n_rows * width,), pad_id, dtype=torch.long)
     flat_ids[dest] = ids[src_b, src_t].long()
-    # positions: k for real tokens; the tail of a row restarts at 0 (a separate, ignored segment)
-    col = torch.arange(width, dtype=torch.long)
-    fill_t = torch.tensor(fills, dtype=torch.long)
-    flat_pos = (col[None, :] - fill_t[:, None]).clamp(min=0).reshape(-1)
-    flat_pos[dest] = k
+    flat_pos = _position_ids(dest, k, fills, width)
 
     # the positions that predict a loss token: the token just before it, in the same sequence
     is_loss = lmask[src_b, src_t] & (k > 0)
@@ -177,18 +232,13 @@ def pack_micro_batch(
     keep = torch.zeros(n_rows * width, dtype=torch.bool)
     keep[pred] = True
 
-    # cumulative sequence lengths over the flattened rows (tail padding is its own segment)
-    seg_lens: list[int] = []
-    by_row: list[list[tuple[int, int]]] = [[] for _ in range(n_rows)]
-    for i in seqs:
-        by_row[row_list[i]].append((off_list[i], lengths[i]))
-    for r in range(n_rows):
-        seg_lens.extend(n for _, n in sorted(by_row[r]))
-        if fills[r] < width:
-            seg_lens.append(width - fills[r])
-    cu = torch.zeros(len(seg_lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(seg_lens, dtype=torch.int32).cumsum(0)
-
+    cu, max_seqlen = _cu_seqlens(
+        [row_list[i] for i in seqs],
+        [off_list[i] for i in seqs],
+        [lengths[i] for i in seqs],
+        fills,
+        width,
+    )
     return PackedLayout(
         input_ids=flat_ids.view(n_rows, width),
         position_ids=flat_pos.view(n_rows, width),
@@ -197,6 +247,6 @@ def pack_micro_batch(
         dst_rows=src_b[is_loss][order],
         dst_cols=src_t[is_loss][order],
         cu_seqlens=cu,
-        max_seqlen=max(seg_lens),
+        max_seqlen=max_seqlen,
         n_real=int(dest.numel()),
     )

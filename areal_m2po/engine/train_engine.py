@@ -331,12 +331,44 @@ class HFTrainEngine:
             total_weight = float(
                 dist.all_reduce_sum(torch.tensor(sum(weights), dtype=torch.float64))
             )
-        world = dist.world_size()
         self.optimizer.zero_grad(set_to_none=True)
-        # loss and stats stay on the device until the end of the step: one host sync per step
-        # for all of them, not one per stat per micro-batch
+        loss_total, stat_sums = self._accumulate_gradients(
+            mbs, weights, total_weight, loss_fn, temperature
+        )
+        clip = self.config.optimizer.gradient_clipping
+        grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
+        grad_norm_f, skipped, loss_stats = self._global_step_stats(
+            grad_norm, loss_total, stat_sums, sum(weights)
+        )
+        empty = total_weight <= 0 and not skipped  # both global: the same on every rank
+        self._optimizer_step(grad_norm_f, skipped, empty)
+        train_stats = {
+            "grad_norm": grad_norm_f,
+            "lr": self.current_lr(),
+            "skipped": float(skipped),
+            "empty": float(empty),
+            "n_micro_batches": float(len(mbs)),
+        }
+        return train_stats, loss_stats
+
+    def _accumulate_gradients(
+        self,
+        mbs: list[Batch],
+        weights: list[float],
+        total_weight: float,
+        loss_fn: LossFn,
+        temperature: float,
+    ) -> tuple[torch.Tensor | float, dict[str, torch.Tensor | float]]:
+        """Forward and backward every micro-batch, each loss scaled by its share of the global
+        ``total_weight`` (times the world size: the gradient reduce averages over ranks); the
+        gradients are reduced over ranks with the last backward of this rank (sharded: idle
+        backwards keep ranks holding fewer micro-batches in step).
+
+        Returns this rank's weighted sums of the loss and of every loss stat (float64, left on
+        the device: one host sync per step for all of them, not one per stat per micro-batch).
+        """
+        world = dist.world_size()
         stat_sums: dict[str, torch.Tensor | float] = {}
-        stat_weight = 0.0
         loss_total: torch.Tensor | float = 0.0
         n_idle = self._idle_micro_batches(len(mbs))
         for i, mb in enumerate(mbs):
@@ -349,15 +381,26 @@ class HFTrainEngine:
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
                 self.accelerator.backward(loss * scale)
             loss_total = loss_total + _as_f64(loss) * weights[i]
-            stat_weight += weights[i]
             for k, v in stats.items():
                 stat_sums[k] = stat_sums.get(k, 0.0) + _as_f64(v) * weights[i]
         for j in range(n_idle):  # sharded: backwards in step with ranks holding more
             with self._grad_sync(j == n_idle - 1):
                 self.accelerator.backward(fsdp.idle_forward(self.model, self.device))
-        clip = self.config.optimizer.gradient_clipping
-        grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
-        # loss stats and the skip decision are global: every rank takes (or skips) the same step
+        return loss_total, stat_sums
+
+    def _global_step_stats(
+        self,
+        grad_norm: torch.Tensor,
+        loss_total: torch.Tensor | float,
+        stat_sums: dict[str, torch.Tensor | float],
+        stat_weight: float,
+    ) -> tuple[float, bool, dict[str, float]]:
+        """The step's grad norm, whether it is skipped and its loss stats, the same on every rank.
+
+        One host sync for this rank's values, then one all-reduce: the step is skipped when the
+        grad norm or any rank's loss is non-finite; each loss stat is its weighted sum over all
+        ranks divided by the total weight (``stat_weight`` summed over ranks; 1 when zero).
+        """
         keys = sorted(stat_sums)
         values = [grad_norm, loss_total] + [stat_sums[k] for k in keys]
         host = torch.stack([_as_f64(v).to(self.device) for v in values]).tolist()
@@ -369,18 +412,9 @@ class HFTrainEngine:
             )
         ).tolist()
         skipped = not math.isfinite(grad_norm_f) or sums[-1] > 0
-        empty = total_weight <= 0 and not skipped  # both global: the same on every rank
-        self._optimizer_step(grad_norm_f, skipped, empty)
         denom = sums[-2] if sums[-2] > 0 else 1.0
         loss_stats = {k: v / denom for k, v in zip(keys, sums)}
-        train_stats = {
-            "grad_norm": grad_norm_f,
-            "lr": self.current_lr(),
-            "skipped": float(skipped),
-            "empty": float(empty),
-            "n_micro_batches": float(len(mbs)),
-        }
-        return train_stats, loss_stats
+        return grad_norm_f, skipped, loss_stats
 
     def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool) -> None:
         """Step the optimizer and the LR scheduler, unless the step is ``skipped`` (non-finite
