@@ -28,17 +28,8 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.cli_args import (
-    ActorConfig,
-    DatasetConfig,
-    EvaluatorConfig,
-    GenerationConfig,
-    OptimizerConfig,
-    PPOConfig,
-    RewardConfig,
-    RolloutConfig,
-    SaverConfig,
-)
+from areal_m2po.api.cli_args import PPOConfig
+from areal_m2po.api.config_loader import load_config
 from areal_m2po.trainer.ppo.loss_fn import LossContext
 from areal_m2po.utils.phases import StepCallback
 
@@ -90,25 +81,28 @@ class PhaseLog(StepCallback):
 
 
 def tiny_or_demo_config(tiny: bool, steps: int, output_dir: str) -> PPOConfig:
-    """A run whose actor trains with ``truncated_reinforce_loss`` (by its dotted path)."""
-    actor = ActorConfig(
-        m2_threshold=1e-4 if tiny else 0.04,
-        loss_fn="custom_loss:truncated_reinforce_loss",  # this file, found on sys.path
-        path="builtin:tiny" if tiny else "builtin:smollm2-135m-instruct",
-        optimizer=OptimizerConfig(lr=3e-3 if tiny else 1e-5),
-    )
-    common = dict(actor=actor, total_train_steps=steps, output_dir=output_dir)
+    """A run whose actor trains with ``truncated_reinforce_loss`` (by its dotted path), built
+    from the same ``KEY=VALUE`` overrides the command line takes."""
+    overrides = [
+        "actor.loss_fn=custom_loss:truncated_reinforce_loss",  # this file, found on sys.path
+        "rollout.staleness=1",
+        f"total_train_steps={steps}",
+        f"output_dir={output_dir}",
+    ]
     if not tiny:
-        return PPOConfig(**common, rollout=RolloutConfig(staleness=1))  # type: ignore[arg-type]
-    return PPOConfig(
-        **common,  # type: ignore[arg-type]
-        rollout=RolloutConfig(staleness=1),
-        reward=RewardConfig(path="my_reward:closeness_reward"),  # examples/my_reward.py
-        gconfig=GenerationConfig(n_samples=4, max_new_tokens=8),
-        train_dataset=DatasetConfig(batch_size=4),
-        valid_dataset=DatasetConfig(split="test", batch_size=8, max_samples=8, shuffle=False),
-        evaluator=EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False),
-        saver=SaverConfig(save_at_end=False),
+        model = ["actor.path=builtin:smollm2-135m-instruct", "actor.optimizer.lr=1e-5"]
+        return load_config([*overrides, *model, "actor.m2_threshold=0.04"])
+    return load_config(
+        [
+            *overrides,
+            *("actor.path=builtin:tiny", "actor.optimizer.lr=3e-3", "actor.m2_threshold=1e-4"),
+            "reward.path=my_reward:closeness_reward",  # examples/my_reward.py
+            *("gconfig.n_samples=4", "gconfig.max_new_tokens=8", "train_dataset.batch_size=4"),
+            *("valid_dataset.split=test", "valid_dataset.batch_size=8"),
+            *("valid_dataset.max_samples=8", "valid_dataset.shuffle=false"),
+            *("evaluator.freq_steps=null", "evaluator.eval_at_start=false"),
+            *("evaluator.eval_at_end=false", "saver.save_at_end=false"),
+        ]
     )
 
 

@@ -19,10 +19,8 @@ COLLAPSE_DEFINITION = (
     "initial accuracy by more than 2 binomial standard errors of the initial accuracy on the "
     "eval set (2*sqrt(p0*(1-p0)/n))"
 )
-RUN_COLUMNS = (
-    "arm",
-    "staleness",
-    "seed",
+# the per-run measurements that are also averaged per arm
+MEASURED = (
     "final_accuracy",
     "best_accuracy",
     "auc_accuracy",
@@ -30,6 +28,12 @@ RUN_COLUMNS = (
     "behave_kl",
     "m2_before",
     "entropy_last5",
+)
+RUN_COLUMNS = (
+    "arm",
+    "staleness",
+    "seed",
+    *MEASURED,
     "collapsed",
     "initial_accuracy",
     "best_step",
@@ -154,17 +158,7 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     return row
 
 
-ARM_STATS = (
-    "final_accuracy",
-    "best_accuracy",
-    "auc_accuracy",
-    "masked_or_clipped_fraction",
-    "behave_kl",
-    "m2_before",
-    "entropy_last5",
-    "wall_s",
-    "cpu_s",
-)
+ARM_STATS = (*MEASURED, "wall_s", "cpu_s")
 
 
 def summarise_arm(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
