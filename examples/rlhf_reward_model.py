@@ -35,6 +35,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -168,13 +169,18 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
-    from areal_m2po.train_rm import main as train_rm
+def run_stage(module: str, overrides: list[str]) -> int:
+    """``python -m <module> KEY=VALUE ...`` in a child process (its output goes to ours), so
+    each stage's memory is returned to the system when it ends; returns the exit status."""
+    return subprocess.run([sys.executable, "-m", module, *overrides], check=False).returncode
 
+
+def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
     t0 = time.perf_counter()
     pairs = os.path.join(out_dir, "pairs")
     run_dir = os.path.join(out_dir, "rm")
-    status = train_rm(
+    status = run_stage(
+        "areal_m2po.train_rm",
         [
             f"model.path={args.rm_base}",
             f"train_dataset.path={pairs}/train.jsonl",
@@ -187,7 +193,7 @@ def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
             "evaluator.freq_steps=null",
             "stats_logger.progress_bar=false",
             *args.rm,
-        ]
+        ],
     )
     if status != 0:
         raise SystemExit(f"train_rm failed with status {status}")
@@ -204,11 +210,10 @@ def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
 
 
 def run_ppo(args: argparse.Namespace, out_dir: str, rm_path: str) -> dict:
-    from areal_m2po.train import main as train
-
     t0 = time.perf_counter()
     run_dir = os.path.join(out_dir, "ppo")
-    status = train(
+    status = run_stage(
+        "areal_m2po.train",
         [
             f"actor.path={args.policy}",
             f"reward.model.path={rm_path}",
@@ -221,7 +226,7 @@ def run_ppo(args: argparse.Namespace, out_dir: str, rm_path: str) -> dict:
             "saver.save_at_end=false",
             "stats_logger.progress_bar=false",
             *args.ppo,
-        ]
+        ],
     )
     if status != 0:
         raise SystemExit(f"PPO failed with status {status}")
