@@ -33,7 +33,13 @@ from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
-from areal_m2po.trainer.run_setup import make_stats_logger, start_run, write_run_config
+from areal_m2po.trainer.run_setup import (
+    EXIT_BAD_INPUT,
+    build_or_report,
+    make_stats_logger,
+    start_run,
+    write_run_config,
+)
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
@@ -566,11 +572,9 @@ def run(config: PPOConfig) -> int:
     does not import, an unknown model path) is reported as one ``error:`` line with exit code 2
     before any training starts.
     """
-    try:
-        trainer = RLTrainer(config)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        print_error(exc)
-        return 2
+    trainer = build_or_report(RLTrainer, config)
+    if trainer is None:
+        return EXIT_BAD_INPUT
     from areal_m2po.engine.remote_rollout import RolloutServerError
 
     try:

@@ -4,13 +4,19 @@ seed, the output directory with the resolved ``config.yaml``, and the metrics lo
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from areal_m2po.utils import dist
-from areal_m2po.utils.console import setup_logging
+from areal_m2po.utils.console import print_error, setup_logging
+
+TrainerT = TypeVar("TrainerT")
+
+EXIT_BAD_INPUT = 2
+"""Exit status of a run stopped by bad input before training (config, data, model path)."""
 
 
 @dataclass
@@ -73,3 +79,14 @@ def make_stats_logger(config: Any, ctx: RunContext) -> Any:
         asdict(config),
         is_main=ctx.is_main,
     )
+
+
+def build_or_report(build: Callable[[Any], TrainerT], config: Any) -> TrainerT | None:
+    """``build(config)``; on bad input found while building (a malformed dataset line, a
+    module that does not import, an unknown model path: ValueError, OSError) print the one
+    ``error:`` line and return None."""
+    try:
+        return build(config)
+    except (ValueError, OSError) as exc:  # FileNotFoundError is an OSError
+        print_error(exc)
+        return None

@@ -25,9 +25,14 @@ import torch
 
 from areal_m2po.api.cli_args import PreferenceDatasetConfig, RWConfig
 from areal_m2po.trainer.launch import check_batch_split
-from areal_m2po.trainer.run_setup import make_stats_logger, start_run, write_run_config
+from areal_m2po.trainer.run_setup import (
+    EXIT_BAD_INPUT,
+    build_or_report,
+    make_stats_logger,
+    start_run,
+    write_run_config,
+)
 from areal_m2po.utils import dist
-from areal_m2po.utils.console import print_error
 from areal_m2po.utils.reward_model_loss import bradley_terry_loss, preference_stats
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
@@ -256,11 +261,9 @@ class RWTrainer:
 
 def run(config: RWConfig) -> int:
     """Train a reward model as configured; returns the exit status (2: bad input, one line)."""
-    try:
-        trainer = RWTrainer(config)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        print_error(exc)
-        return 2
+    trainer = build_or_report(RWTrainer, config)
+    if trainer is None:
+        return EXIT_BAD_INPUT
     try:
         trainer.train()
     finally:
