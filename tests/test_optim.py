@@ -67,3 +67,17 @@ def test_zero_total_steps_is_one_training_step() -> None:
     cfg = OptimizerConfig(lr=1.0, lr_scheduler_type="linear")
     optimizer, scheduler = build_optimizer([p], cfg, total_steps=0)
     assert _lrs(optimizer, scheduler, 2) == [1.0, 0.0]
+
+
+def test_constant_schedule_warms_up_linearly() -> None:
+    # transformers' "constant" ignores num_warmup_steps; the config promises a linear warm-up
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(type="sgd", lr=1.0, warmup_steps_proportion=0.4)
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=10)  # 4 warm-up steps
+    assert _lrs(optimizer, scheduler, 6) == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+def test_constant_schedule_without_warmup_is_flat() -> None:
+    p = torch.nn.Parameter(torch.zeros(1))
+    optimizer, scheduler = build_optimizer([p], OptimizerConfig(type="sgd", lr=0.3), 5)
+    assert _lrs(optimizer, scheduler, 5) == pytest.approx([0.3] * 5)

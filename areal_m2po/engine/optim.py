@@ -37,8 +37,13 @@ def build_optimizer(
         optimizer = torch.optim.SGD(
             trainable, lr=config.lr, momentum=config.beta1, weight_decay=config.weight_decay
         )
+    # transformers' "constant" ignores num_warmup_steps; "constant_with_warmup" is the same
+    # schedule with the warm-up the config promises (and equal to "constant" without one)
+    schedule = config.lr_scheduler_type
+    if schedule == "constant":
+        schedule = "constant_with_warmup"
     scheduler = get_scheduler(
-        config.lr_scheduler_type,
+        schedule,
         optimizer,
         num_warmup_steps=int(round(config.warmup_steps_proportion * total_steps)),
         num_training_steps=max(total_steps, 1),
