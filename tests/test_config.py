@@ -17,6 +17,7 @@ from areal_m2po.api.cli_args import (
     PPOActorConfig,
     PPOConfig,
     RejectionSamplingConfig,
+    RWConfig,
 )
 from areal_m2po.api.config_loader import (
     config_to_yaml,
@@ -309,6 +310,35 @@ def test_python_construction_validates(kwargs: dict, key: str) -> None:
         ActorConfig(**kwargs)
     assert isinstance(info.value, ConfigError)
     assert info.value.key == key
+
+
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"experiment_name": ""}, "experiment_name: must not be empty"),
+        ({"trial_name": 7}, "trial_name: must be a string, got 7"),
+        ({"seed": -1}, "seed: must be >= 0, got -1"),
+        (
+            {"output_dir": ""},
+            "output_dir: must not be empty (null derives it from the names)",
+        ),
+        ({"total_train_epochs": 0}, "total_train_epochs: must be >= 1, got 0"),
+        ({"total_train_steps": 1.5}, "total_train_steps: must be an integer, got 1.5"),
+        ({"num_threads": 0}, "num_threads: must be >= 1, got 0"),
+        ({"tokenizer_path": 3}, "tokenizer_path: must be a string, got 3"),
+    ],
+)
+def test_both_roots_check_the_run_keys_alike(root: type, kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        root(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+def test_both_roots_derive_output_dir_from_the_names(root: type) -> None:
+    assert root(experiment_name="e", trial_name="t").output_dir == "outputs/e/t"
+    assert root(experiment_name="e", output_dir="out").output_dir == "out"
 
 
 def test_python_cross_section_check() -> None:

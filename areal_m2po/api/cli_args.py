@@ -548,6 +548,24 @@ class ActorConfig(TrainEngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_loss_fields()
+        self._check_reward_fields()
+        for name in ("reward_norm", "adv_norm"):
+            if getattr(self, name) is not None:
+                _validate_section(self, name, NormConfig)
+        if self.rejection_sampling is not None:
+            _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
+        self._check_loss_combinations()
+        if self.overlong_reward_penalty and (
+            self.overlong_tokens is None or self.overlong_penalty_factor is None
+        ):
+            raise ConfigError(
+                "overlong_tokens",
+                "overlong_reward_penalty=true needs overlong_tokens and overlong_penalty_factor",
+            )
+
+    def _check_loss_fields(self) -> None:
+        """The policy-loss and update keys, each on its own."""
         _check_number("m2_threshold", self.m2_threshold, gt=0, optional=True)
         _check_number("m2_warn_masked_fraction", self.m2_warn_masked_fraction, gt=0, le=1)
         _check_number("eps_clip", self.eps_clip, ge=0)
@@ -571,6 +589,9 @@ class ActorConfig(TrainEngineConfig):
             optional=True,
         )
         _check_number("kl_ctl", self.kl_ctl, ge=0)
+
+    def _check_reward_fields(self) -> None:
+        """The reward-shaping keys, each on its own."""
         _check_number("reward_scaling", self.reward_scaling)
         _check_number("reward_bias", self.reward_bias)
         _check_number("reward_clip", self.reward_clip, gt=0)
@@ -581,12 +602,9 @@ class ActorConfig(TrainEngineConfig):
         _check_bool("overlong_reward_penalty", self.overlong_reward_penalty)
         _check_number("overlong_tokens", self.overlong_tokens, ge=1, integer=True, optional=True)
         _check_number("overlong_penalty_factor", self.overlong_penalty_factor, ge=0, optional=True)
-        for name in ("reward_norm", "adv_norm"):
-            if getattr(self, name) is not None:
-                _validate_section(self, name, NormConfig)
-        if self.rejection_sampling is not None:
-            _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
-        # contradictions inside the actor
+
+    def _check_loss_combinations(self) -> None:
+        """Loss settings that contradict each other inside the actor."""
         if self.rejection_sampling is not None and not self.use_behave_imp_weight:
             raise ConfigError(
                 "use_behave_imp_weight",
@@ -623,13 +641,6 @@ class ActorConfig(TrainEngineConfig):
         if self.use_sapo_loss and self.c_clip is not None:
             raise ConfigError(
                 "c_clip", "dual clipping belongs to the clipped PPO loss; SAPO has none (set null)"
-            )
-        if self.overlong_reward_penalty and (
-            self.overlong_tokens is None or self.overlong_penalty_factor is None
-        ):
-            raise ConfigError(
-                "overlong_tokens",
-                "overlong_reward_penalty=true needs overlong_tokens and overlong_penalty_factor",
             )
 
 
@@ -1029,6 +1040,25 @@ class StatsLoggerConfig:
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_run_fields(run: PPOConfig | RWConfig) -> None:
+    """Check the keys every root config shares (names, seed, output_dir, length of the run,
+    threads, tokenizer) and derive ``output_dir`` from the names when it is null."""
+    for name in ("experiment_name", "trial_name"):
+        _check_str(name, getattr(run, name))
+        if not getattr(run, name):
+            raise ConfigError(name, "must not be empty")
+    _check_number("seed", run.seed, ge=0, integer=True)
+    _check_str("output_dir", run.output_dir, optional=True)
+    if run.output_dir == "":
+        raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
+    if run.output_dir is None:
+        run.output_dir = f"outputs/{run.experiment_name}/{run.trial_name}"
+    _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
+    _check_number("total_train_steps", run.total_train_steps, ge=1, integer=True, optional=True)
+    _check_number("num_threads", run.num_threads, ge=1, integer=True, optional=True)
+    _check_str("tokenizer_path", run.tokenizer_path, optional=True)
+
+
 def _default_actor() -> ActorConfig:
     # AReaL's M2PO recipe: decoupled PPO (clip against the proximal policy, weight by
     # pi_prox / pi_behave) with the M2PO mask on behaviour vs proximal
@@ -1075,22 +1105,7 @@ class PPOConfig:
     stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        for name in ("experiment_name", "trial_name"):
-            _check_str(name, getattr(self, name))
-            if not getattr(self, name):
-                raise ConfigError(name, "must not be empty")
-        _check_number("seed", self.seed, ge=0, integer=True)
-        _check_str("output_dir", self.output_dir, optional=True)
-        if self.output_dir == "":
-            raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
-        if self.output_dir is None:
-            self.output_dir = f"outputs/{self.experiment_name}/{self.trial_name}"
-        _check_number("total_train_epochs", self.total_train_epochs, ge=1, integer=True)
-        _check_number(
-            "total_train_steps", self.total_train_steps, ge=1, integer=True, optional=True
-        )
-        _check_number("num_threads", self.num_threads, ge=1, integer=True, optional=True)
-        _check_str("tokenizer_path", self.tokenizer_path, optional=True)
+        _check_run_fields(self)
         sections = {
             "actor": ActorConfig,
             "ref": RefConfig,
@@ -1149,6 +1164,19 @@ class PPOConfig:
                 )
 
     def _check_combinations(self) -> None:
+        """Settings of one section that contradict another's."""
+        self._check_sampling()
+        for name in ("reward_norm", "adv_norm"):
+            norm = getattr(self.actor, name)
+            if norm is not None:
+                self._check_norm_groups(name, norm)
+        self._check_minibatches()
+        self._check_generation_ends()
+        self._check_critic_baseline()
+        self._check_async_rollout()
+
+    def _check_sampling(self) -> None:
+        """Training and generation agree on the temperature; greedy decoding has one sample."""
         actor, g = self.actor, self.gconfig
         if abs(actor.temperature - g.temperature) > 1e-9:
             raise ConfigError(
@@ -1161,40 +1189,48 @@ class PPOConfig:
                 "gconfig.greedy",
                 f"greedy decoding gives {g.n_samples} identical samples per prompt",
             )
+
+    def _check_norm_groups(self, name: str, norm: NormConfig) -> None:
+        """``actor.<name>``'s groups tile the batch, never mix prompts and have a spread."""
+        g = self.gconfig
         n_seqs = self.train_dataset.batch_size * g.n_samples
-        for name in ("reward_norm", "adv_norm"):
-            norm = getattr(actor, name)
-            if norm is None:
-                continue
-            group = norm.group_size if norm.group_size is not None else g.n_samples
-            if "group" in (norm.mean_level, norm.std_level) and n_seqs % group != 0:
-                raise ConfigError(
-                    f"actor.{name}.group_size",
-                    f"the batch of {n_seqs} sequences (train_dataset.batch_size x "
-                    f"gconfig.n_samples) is not a multiple of the group size {group}",
-                )
-            if (
-                norm.group_size is not None
-                and "group" in (norm.mean_level, norm.std_level)
-                and g.n_samples % norm.group_size != 0
-            ):
-                raise ConfigError(
-                    f"actor.{name}.group_size",
-                    f"must divide gconfig.n_samples ({g.n_samples}) so a group never mixes "
-                    f"prompts, got {norm.group_size}",
-                )
-            if norm.std_level == "group" and group == 1 and norm.std_unbiased:
-                raise ConfigError(
-                    f"actor.{name}.std_level",
-                    "'group' with groups of 1 sample has no standard deviation; "
-                    "raise gconfig.n_samples or use 'batch'",
-                )
+        group = norm.group_size if norm.group_size is not None else g.n_samples
+        if "group" in (norm.mean_level, norm.std_level) and n_seqs % group != 0:
+            raise ConfigError(
+                f"actor.{name}.group_size",
+                f"the batch of {n_seqs} sequences (train_dataset.batch_size x "
+                f"gconfig.n_samples) is not a multiple of the group size {group}",
+            )
+        if (
+            norm.group_size is not None
+            and "group" in (norm.mean_level, norm.std_level)
+            and g.n_samples % norm.group_size != 0
+        ):
+            raise ConfigError(
+                f"actor.{name}.group_size",
+                f"must divide gconfig.n_samples ({g.n_samples}) so a group never mixes "
+                f"prompts, got {norm.group_size}",
+            )
+        if norm.std_level == "group" and group == 1 and norm.std_unbiased:
+            raise ConfigError(
+                f"actor.{name}.std_level",
+                "'group' with groups of 1 sample has no standard deviation; "
+                "raise gconfig.n_samples or use 'batch'",
+            )
+
+    def _check_minibatches(self) -> None:
+        """PPO minibatches hold whole groups of samples."""
+        actor = self.actor
         if self.train_dataset.batch_size % actor.ppo_n_minibatches != 0:
             raise ConfigError(
                 "actor.ppo_n_minibatches",
                 f"must divide train_dataset.batch_size ({self.train_dataset.batch_size}) so "
                 f"minibatches hold whole groups, got {actor.ppo_n_minibatches}",
             )
+
+    def _check_generation_ends(self) -> None:
+        """The actor's length-based shaping fits how and where generation stops."""
+        actor, g = self.actor, self.gconfig
         if (
             actor.overlong_reward_penalty
             and actor.overlong_tokens is not None
@@ -1211,6 +1247,10 @@ class PPOConfig:
                     f"actor.{key}",
                     "stop strings end sequences without EOS; they would all count as truncated",
                 )
+
+    def _check_critic_baseline(self) -> None:
+        """Group centring of the advantages would discard the critic's baseline."""
+        actor = self.actor
         if (
             self.critic.enabled
             and actor.adv_norm is not None
@@ -1221,7 +1261,10 @@ class PPOConfig:
                 "'group' centring discards the critic's baseline; use 'batch' or null with "
                 "critic.enabled=true",
             )
-        roll = self.rollout
+
+    def _check_async_rollout(self) -> None:
+        """Asynchronous rollout samples whole groups concurrently."""
+        roll, g = self.rollout, self.gconfig
         if (
             roll.mode == "async"
             and roll.max_concurrent_rollouts is not None
@@ -1348,22 +1391,7 @@ class RWConfig:
     stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        for name in ("experiment_name", "trial_name"):
-            _check_str(name, getattr(self, name))
-            if not getattr(self, name):
-                raise ConfigError(name, "must not be empty")
-        _check_number("seed", self.seed, ge=0, integer=True)
-        _check_str("output_dir", self.output_dir, optional=True)
-        if self.output_dir == "":
-            raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
-        if self.output_dir is None:
-            self.output_dir = f"outputs/{self.experiment_name}/{self.trial_name}"
-        _check_number("total_train_epochs", self.total_train_epochs, ge=1, integer=True)
-        _check_number(
-            "total_train_steps", self.total_train_steps, ge=1, integer=True, optional=True
-        )
-        _check_number("num_threads", self.num_threads, ge=1, integer=True, optional=True)
-        _check_str("tokenizer_path", self.tokenizer_path, optional=True)
+        _check_run_fields(self)
         _check_number("max_length", self.max_length, ge=1, integer=True)
         _check_number(
             "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
