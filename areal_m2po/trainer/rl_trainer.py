@@ -43,6 +43,7 @@ from areal_m2po.trainer.run_setup import (
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
+from areal_m2po.utils.host_memory import release_free_host_memory
 from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
@@ -344,6 +345,7 @@ class RLTrainer:
             )
             correct += float(sum(1.0 for x in rewards if x > 0.5))
         tot = dist.all_reduce_sum(torch.tensor([correct, float(len(mine))], dtype=torch.float64))
+        release_free_host_memory()  # the evaluation batch's KV cache
         return {
             "eval/accuracy": float(tot[0] / tot[1]) if float(tot[1]) else 0.0,
             "eval/n": float(tot[1]),
@@ -494,6 +496,7 @@ class RLTrainer:
                 self.queue.append(self._generate())
             batch, info = self.queue.popleft()
             stats = self._train_step(batch, info)
+            release_free_host_memory()  # the update's activations and logits
             self.step += 1
             self.phases.step_end(self.step, stats)
             ev_freq = cfg.evaluator.freq_steps
