@@ -294,7 +294,7 @@ TINY = {
 }
 DEFAULT_PPO = [
     # 4 problems x 8 samples per step (the built-in demo's recipe at half the batch), so a
-    # run fits in about an hour on a shared 2-core CPU
+    # run (16 steps) took 30 min on a shared 2-core CPU (docs/rlhf.md)
     "train_dataset.batch_size=4",
 ]
 TINY_PPO = [
@@ -323,9 +323,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rm-epochs", type=int, default=2)
     p.add_argument("--rm-batch", type=int, default=16, help="pairs per reward-model step")
     p.add_argument("--rm-lr", type=float, default=3e-5)
-    p.add_argument("--ppo-steps", type=int, default=8)
-    p.add_argument("--eval-every", default="null", help="held-out eval every N PPO steps")
-    p.add_argument("--eval-problems", type=int, default=64, help="held-out problems")
+    p.add_argument("--ppo-steps", type=int, default=16)
+    p.add_argument("--eval-every", default="8", help="held-out eval every N PPO steps")
+    p.add_argument("--eval-problems", type=int, default=256, help="held-out problems")
     p.add_argument("--rm", nargs="*", default=[], help="extra train_rm KEY=VALUE overrides")
     p.add_argument("--ppo", nargs="*", default=[], help="extra PPO KEY=VALUE overrides")
     args = p.parse_args(argv)
