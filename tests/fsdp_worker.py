@@ -85,3 +85,6 @@ def main(out_path: str, output_dir: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    from areal_m2po.utils.dist import exit_skipping_finalization
+
+    exit_skipping_finalization(0)  # gloo can abort a finalising interpreter (SIGABRT)

@@ -178,3 +178,6 @@ def empty_rank_updates(actor, batch: dict[str, torch.Tensor], rank: int) -> dict
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    from areal_m2po.utils.dist import exit_skipping_finalization
+
+    exit_skipping_finalization(0)  # gloo can abort a finalising interpreter (SIGABRT)

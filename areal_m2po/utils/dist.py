@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import sys
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -91,3 +93,17 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     out: list[Any] | None = [None] * world_size() if rank() == dst else None
     dist.gather_object(obj, out, dst=dst)
     return out
+
+
+def exit_skipping_finalization(status: int = 0) -> NoReturn:
+    """Flush stdout/stderr and end the process at once with ``status`` (``os._exit``).
+
+    For a multi-process CPU worker whose results are written and whose ranks have synchronised:
+    gloo's worker threads can still hold tensors when the interpreter finalises, and releasing
+    them then aborts the process (SIGABRT, ``terminate called without an active exception``)
+    even after ``destroy_process_group``. Skipping finalisation skips ``atexit`` handlers too,
+    so close loggers and files first.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
