@@ -564,7 +564,7 @@ class RLTrainer:
         finally:
             self.stats_logger.close()
             self.reward_runner.close()
-            # destroy the process group: gloo's threads abort the interpreter at exit otherwise
+            # destroy the process group while the interpreter is whole (gloo work can abort its exit)
             self.accelerator.end_training()
 
 

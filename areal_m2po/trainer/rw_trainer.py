@@ -255,7 +255,7 @@ class RWTrainer:
 
     def close(self) -> None:
         self.stats_logger.close()
-        # destroy the process group: gloo's threads abort the interpreter at exit otherwise
+        # destroy the process group while the interpreter is whole (gloo work can abort its exit)
         self.accelerator.end_training()
 
 
