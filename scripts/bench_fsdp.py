@@ -227,9 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, float] | None:
     args = _parser().parse_args(raw)
     if args.worker:
         worker(args.worker, args.out, args)
-        from areal_m2po.utils.dist import exit_skipping_finalization
-
-        exit_skipping_finalization(0)  # gloo can abort a finalising interpreter (SIGABRT)
+        return None
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("ddp", "fsdp2"):
