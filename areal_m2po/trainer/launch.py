@@ -86,12 +86,13 @@ def check_launch(
             )
 
 
-def check_batch_split(batch_size: int, world: int, key: str = "train_dataset.batch_size") -> None:
-    """Raise ValueError unless the global batch of ``batch_size`` rows (prompt groups or pairs)
-    splits evenly over ``world`` processes."""
+def check_batch_split(batch_size: int, world: int) -> None:
+    """Raise ValueError unless the global batch of ``train_dataset.batch_size`` rows (prompt
+    groups or pairs) splits evenly over ``world`` processes."""
     if batch_size % world != 0:
         raise ValueError(
-            f"{key} ({batch_size}) must be a multiple of the number of processes ({world})"
+            f"train_dataset.batch_size ({batch_size}) must be a multiple of the number of "
+            f"processes ({world})"
         )
 
 
