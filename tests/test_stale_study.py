@@ -244,6 +244,31 @@ def test_collapse_and_paired_statistics(study, tmp_path):
     assert d["hi"] - d["mean"] == pytest.approx(4.303 * 0.1 / 3**0.5)
 
 
+def test_run_times_only_when_every_attempt_recorded_one(study, tmp_path):
+    """An attempt killed with its scheduler records no time: the run's time is then unknown
+    (blank), not the sum of the other attempts (the bug: 3 minutes for a 60-minute run)."""
+    from study.runs import RunKey
+    from study.summary import summarise_run
+
+    run = tmp_path / "grpo_s4_seed1"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step in range(3):
+            fh.write(json.dumps({"step": step, "eval/accuracy": 0.5, "eval/n": 64}) + "\n")
+    (run / "done.json").write_text(json.dumps({"steps": 2}))
+    killed = {"start": 1.0, "command": "x"}
+    resumed = {"start": 2.0, "command": "x", "wall_s": 200.0, "cpu_s": 190.0}
+    info = {"attempts": [killed, resumed], "wall_s": 200.0, "cpu_s": 190.0}
+    (run / "study_run.json").write_text(json.dumps(info))
+    row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
+    assert row["wall_s"] == "" and row["cpu_s"] == ""  # unknown, as for a run still going
+    first = {"start": 1.0, "command": "x", "wall_s": 1000.0, "cpu_s": 900.0}
+    info = {"attempts": [first, resumed], "wall_s": 1200.0, "cpu_s": 1090.0}
+    (run / "study_run.json").write_text(json.dumps(info))
+    row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
+    assert (row["wall_s"], row["cpu_s"]) == (1200.0, 1090.0)
+
+
 def test_verdict_rules(study):
     from study import verdicts as V
 

@@ -83,7 +83,7 @@ def _minutes(seconds: Any) -> str:
 
 def _wall_cpu(row: dict[str, Any]) -> str:
     if _nan(row["wall_s"]):
-        return ""  # no attempt has ended yet
+        return ""  # an attempt is running, or one was killed before recording its time
     return f"{_minutes(row['wall_s'])} / {_minutes(row['cpu_s'])}"
 
 

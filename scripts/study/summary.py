@@ -148,8 +148,11 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     row["step_s_median"] = median([r.get("timing/step_s") for r in train])
     row["eval_s_mean"] = mean([r.get("timing/eval_s") for r in records if "eval/accuracy" in r])
     info = read_json(f"{run_dir}/study_run.json") or {}
-    ended = [a for a in info.get("attempts", []) if "wall_s" in a]
-    if ended:  # an attempt still running (or killed) has no times yet
+    attempts = info.get("attempts", [])
+    # Times only when every attempt recorded its own: an attempt still running has none yet,
+    # and one killed with its scheduler (a session that stopped) never gets them, so a sum
+    # over the others would understate the run.
+    if attempts and all("wall_s" in a for a in attempts):
         row["wall_s"] = float(info["wall_s"])
         row["cpu_s"] = float(info.get("cpu_s", float("nan")))
     row["done"] = read_json(f"{run_dir}/done.json") is not None
