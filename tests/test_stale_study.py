@@ -256,17 +256,22 @@ def test_run_times_only_when_every_attempt_recorded_one(study, tmp_path):
         for step in range(3):
             fh.write(json.dumps({"step": step, "eval/accuracy": 0.5, "eval/n": 64}) + "\n")
     (run / "done.json").write_text(json.dumps({"steps": 2}))
-    killed = {"start": 1.0, "command": "x"}
-    resumed = {"start": 2.0, "command": "x", "wall_s": 200.0, "cpu_s": 190.0}
-    info = {"attempts": [killed, resumed], "wall_s": 200.0, "cpu_s": 190.0}
-    (run / "study_run.json").write_text(json.dumps(info))
-    row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
-    assert row["wall_s"] == "" and row["cpu_s"] == ""  # unknown, as for a run still going
-    first = {"start": 1.0, "command": "x", "wall_s": 1000.0, "cpu_s": 900.0}
-    info = {"attempts": [first, resumed], "wall_s": 1200.0, "cpu_s": 1090.0}
-    (run / "study_run.json").write_text(json.dumps(info))
-    row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
-    assert (row["wall_s"], row["cpu_s"]) == (1200.0, 1090.0)
+
+    def times(*attempts: dict) -> tuple:
+        info = {"attempts": list(attempts), "wall_s": -1.0, "cpu_s": -1.0}  # sums not read
+        (run / "study_run.json").write_text(json.dumps(info))
+        row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
+        return row["wall_s"], row["cpu_s"]
+
+    killed = {"start": 1.0, "resumed_from_step": 0}
+    resumed = {"start": 2.0, "resumed_from_step": 1, "wall_s": 200.0, "cpu_s": 190.0}
+    assert times(killed, resumed) == ("", "")  # unknown, as for a run still going
+    first = {"start": 1.0, "resumed_from_step": 0, "wall_s": 1000.0, "cpu_s": 900.0}
+    assert times(first, resumed) == (1200.0, 1090.0)
+    # killed before its first checkpoint: the next attempt started over and made the whole run
+    restarted = {"start": 2.0, "resumed_from_step": 0, "wall_s": 1300.0, "cpu_s": 1250.0}
+    assert times(killed, restarted) == (1300.0, 1250.0)
+    assert times(killed, restarted, resumed) == (1500.0, 1440.0)
 
 
 def test_verdict_rules(study):

@@ -108,6 +108,21 @@ def _kl_key(config: dict[str, Any]) -> str:
     return "actor/approx_kl"
 
 
+def run_times(attempts: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``wall_s`` and ``cpu_s`` (seconds) of the attempts that made the finished run: those from
+    the last one that started at update 0. Empty when one of them recorded no time: an attempt
+    still running has none yet, and one killed with its scheduler (a session that stopped)
+    never gets them, so a sum over the others would understate the run."""
+    fresh = [i for i, a in enumerate(attempts) if a.get("resumed_from_step") == 0]
+    used = attempts[fresh[-1] :] if fresh else attempts
+    if not used or not all("wall_s" in a for a in used):
+        return {}
+    return {
+        "wall_s": sum(float(a["wall_s"]) for a in used),
+        "cpu_s": sum(float(a.get("cpu_s", float("nan"))) for a in used),
+    }
+
+
 def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[str, Any]:
     """One row of :data:`RUN_COLUMNS` computed from ``run_dir``'s files only.
 
@@ -148,13 +163,7 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     row["step_s_median"] = median([r.get("timing/step_s") for r in train])
     row["eval_s_mean"] = mean([r.get("timing/eval_s") for r in records if "eval/accuracy" in r])
     info = read_json(f"{run_dir}/study_run.json") or {}
-    attempts = info.get("attempts", [])
-    # Times only when every attempt recorded its own: an attempt still running has none yet,
-    # and one killed with its scheduler (a session that stopped) never gets them, so a sum
-    # over the others would understate the run.
-    if attempts and all("wall_s" in a for a in attempts):
-        row["wall_s"] = float(info["wall_s"])
-        row["cpu_s"] = float(info.get("cpu_s", float("nan")))
+    row.update(run_times(info.get("attempts", [])))
     row["done"] = read_json(f"{run_dir}/done.json") is not None
     if not row["done"]:
         row["collapsed"] = ""  # judged on the last evaluation of a finished run only
