@@ -244,9 +244,10 @@ def test_collapse_and_paired_statistics(study, tmp_path):
     assert d["hi"] - d["mean"] == pytest.approx(4.303 * 0.1 / 3**0.5)
 
 
-def test_run_times_only_when_every_attempt_recorded_one(study, tmp_path):
-    """An attempt killed with its scheduler records no time: the run's time is then unknown
-    (blank), not the sum of the other attempts (the bug: 3 minutes for a 60-minute run)."""
+def test_run_times_count_the_attempts_that_made_the_run(study, tmp_path):
+    """An attempt killed with its scheduler records no time: a run that resumed from its
+    checkpoints has an unknown time (blank), not the sum of the other attempts (the bug: 3
+    minutes for a 60-minute run); one redone from update 0 is timed by the redo."""
     from study.runs import RunKey
     from study.summary import summarise_run
 
