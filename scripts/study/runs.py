@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,3 +116,18 @@ def discover(roots: list[str]) -> dict[RunKey, str]:
 
 def is_done(run_dir: str) -> bool:
     return os.path.exists(os.path.join(run_dir, DONE_FILE))
+
+
+def run_times(attempts: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``wall_s`` and ``cpu_s`` (seconds) of the attempts that made the finished run: those from
+    the last one that started at update 0. Empty when one of them recorded no time: an attempt
+    still running has none yet, and one killed with its scheduler (a session that stopped)
+    never gets them, so a sum over the others would understate the run."""
+    fresh = [i for i, a in enumerate(attempts) if a.get("resumed_from_step") == 0]
+    used = attempts[fresh[-1] :] if fresh else attempts
+    if not used or not all("wall_s" in a for a in used):
+        return {}
+    return {
+        "wall_s": sum(float(a["wall_s"]) for a in used),
+        "cpu_s": sum(float(a.get("cpu_s", float("nan"))) for a in used),
+    }

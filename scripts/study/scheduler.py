@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from study.arms import Arm
-from study.runs import DONE_FILE, RUN_INFO_FILE, RunKey, archive_run, finished_dir, reached_end
+from study.runs import (
+    DONE_FILE,
+    RUN_INFO_FILE,
+    RunKey,
+    archive_run,
+    finished_dir,
+    reached_end,
+    run_times,
+)
 
 
 @dataclass
@@ -228,9 +236,9 @@ def _record_attempt(run_dir: str, attempt: dict[str, Any]) -> dict[str, Any]:
             info = json.load(fh)
     attempts = [a for a in info.get("attempts", []) if a.get("start") != attempt["start"]]
     info["attempts"] = [*attempts, attempt]
-    done = [a for a in info["attempts"] if "wall_s" in a]
-    info["wall_s"] = round(sum(a["wall_s"] for a in done), 1)
-    info["cpu_s"] = round(sum(a.get("cpu_s", 0.0) for a in done), 1)
+    times = run_times(info["attempts"])  # the report's rule; None while unknown
+    info["wall_s"] = round(times["wall_s"], 1) if times else None
+    info["cpu_s"] = round(times["cpu_s"], 1) if times else None
     info["command"] = attempt["command"]
     with open(path + ".tmp", "w") as fh:
         json.dump(info, fh, indent=1)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from study.runs import RunKey, read_config, read_json, read_metrics
+from study.runs import RunKey, read_config, read_json, read_metrics, run_times
 
 COLLAPSE_DEFINITION = (
     "collapsed = the last evaluation is below half the best evaluation of the run, or below the "
@@ -106,21 +106,6 @@ def _kl_key(config: dict[str, Any]) -> str:
     if actor.get("recompute_logprob", True):
         return "actor/behave_kl"
     return "actor/approx_kl"
-
-
-def run_times(attempts: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """``wall_s`` and ``cpu_s`` (seconds) of the attempts that made the finished run: those from
-    the last one that started at update 0. Empty when one of them recorded no time: an attempt
-    still running has none yet, and one killed with its scheduler (a session that stopped)
-    never gets them, so a sum over the others would understate the run."""
-    fresh = [i for i, a in enumerate(attempts) if a.get("resumed_from_step") == 0]
-    used = attempts[fresh[-1] :] if fresh else attempts
-    if not used or not all("wall_s" in a for a in used):
-        return {}
-    return {
-        "wall_s": sum(float(a["wall_s"]) for a in used),
-        "cpu_s": sum(float(a.get("cpu_s", float("nan"))) for a in used),
-    }
 
 
 def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[str, Any]:
