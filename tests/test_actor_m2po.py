@@ -101,3 +101,27 @@ def test_m2po_mask_per_scope():
 
     off = _actor(3)
     assert off.prepare_m2po(batch) == {} and off._m2po_mask(batch, prox) == (None, {})
+
+
+@pytest.mark.parametrize("scope", ["global", "microbatch"])
+def test_trust_region_token_set_reaches_the_rule_in_both_scopes(scope):
+    batch = _batch([2, 2])
+    batch["prox_logp"] = batch["logprobs"] + torch.linspace(-1, 1, 10).view(2, 5)
+    batch["advantages"] = torch.tensor([[1.0] * 5, [-1.0] * 5])
+    prox = batch["prox_logp"]
+    want_keep, _ = m2po_mask_and_stats(
+        batch["logprobs"],
+        prox,
+        batch["loss_mask"],
+        0.04,
+        advantages=batch["advantages"],
+        token_set="trust_region",
+    )
+    all_keep, _ = m2po_mask_and_stats(batch["logprobs"], prox, batch["loss_mask"], 0.04)
+    assert not torch.equal(want_keep, all_keep)
+    actor = _actor(3, m2_threshold=0.04, m2_scope=scope, m2_token_set="trust_region")
+    stats = actor.prepare_m2po(batch)
+    keep, mb_stats = actor._m2po_mask(batch, prox)
+    stats = stats or {k: float(v) for k, v in mb_stats.items()}
+    assert torch.equal(keep, want_keep)
+    assert "m2po/trust_region_fraction" in stats

@@ -411,6 +411,14 @@ class ActorConfig(TrainEngineConfig):
         "and ranks (global), or per micro-batch on each rank as AReaL does (microbatch).",
         choices=("global", "microbatch"),
     )
+    m2_token_set: str = _field(
+        "all",
+        "Which tokens the M2PO rule takes and may mask: every valid token, as AReaL does (all), or "
+        "only those in PPO's active trust-region quadrants, A > 0 and pi_prox > pi_behave or A < 0 "
+        "and pi_prox < pi_behave, as the paper's final Algorithm 1 (trust_region); the loss "
+        "denominator stays all valid tokens either way.",
+        choices=("all", "trust_region"),
+    )
     m2_warn_masked_fraction: float = _field(
         0.2,
         "Warn when the M2PO masked fraction stays above this level for several steps "

@@ -18,8 +18,17 @@ it), an exact integer evaluation of the few candidate cut points (binary search,
 vectorised pass). The cut exists because the mean of the ``k`` smallest values never decreases
 as ``k`` grows, so "mean < threshold" holds exactly for a prefix of the ascending order.
 
+Token sets (``actor.m2_token_set``): ``all`` (AReaL's rule, the default) takes every valid token
+as a candidate; ``trust_region`` (the final ICLR 2026 version of the paper, as Trinity-RFT PR #616
+and ms-swift PR #9965 implement it) takes only the valid tokens in PPO's active trust-region
+quadrants, ``A > 0 and r > 1`` or ``A < 0 and r < 1`` with ``r = pi_prox / pi_behave`` (so
+``prox_logp > behave_logp`` or ``prox_logp < behave_logp``; ``A = 0`` or ``r = 1`` is outside).
+The rule then runs over the candidates' m2 only (their mean is the statistic), only candidates can
+be masked, and every other valid token is kept. The loss denominator (all valid tokens before
+masking) is the loss's business and is the same for both sets.
+
 Shapes: per-token tensors are ``[B, T]`` with a ``torch.bool`` ``loss_mask`` (True on valid
-tokens); the rule itself works on the 1-D vector of the valid tokens' m2. The module imports
+tokens); the rule itself works on the 1-D vector of the candidates' m2. The module imports
 only torch and the standard library and keeps no state.
 """
 
@@ -31,16 +40,28 @@ from typing import Any
 
 import torch
 
-from areal_m2po.utils.checks import check_bool_mask, check_real, check_same_shape, check_tensor
+from areal_m2po.utils.checks import (
+    check_bool_mask,
+    check_choice,
+    check_real,
+    check_same_shape,
+    check_tensor,
+)
 
 __all__ = [
+    "TOKEN_SETS",
     "apply_m2po_masking",
     "check_m2_threshold",
     "m2_per_token",
+    "m2po_candidates",
     "m2po_keep_mask",
     "m2po_mask_and_stats",
     "m2po_stats",
+    "trust_region_tokens",
 ]
+
+TOKEN_SETS = ("all", "trust_region")
+"""The candidate sets of the rule: every valid token, or those in the trust-region quadrants."""
 
 _UNIT_ROUNDOFF = 2.0**-53  # float64
 _ABS_SLACK = 2.0**-1060  # covers underflow of k * threshold (absolute error <= 2^-1075)
@@ -88,6 +109,65 @@ def m2_per_token(
                 raise ValueError(f"{name} has {n_bad} non-finite values at loss_mask positions")
         raise ValueError("(old_logp - prox_logp)^2 overflows float64 at loss_mask positions")
     return m2
+
+
+def trust_region_tokens(
+    behave_logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+) -> torch.Tensor:
+    """The valid tokens in PPO's active trust-region quadrants.
+
+    Args:
+        behave_logp: float ``[B, T]`` behaviour log-probs (nats).
+        prox_logp: float ``[B, T]`` proximal log-probs (nats).
+        advantages: float ``[B, T]`` per-token advantages.
+        loss_mask: bool ``[B, T]``, True on valid tokens.
+    Returns:
+        bool ``[B, T]``: ``loss_mask & ((A > 0 & prox > behave) | (A < 0 & prox < behave))``,
+        i.e. ``A > 0, r > 1`` or ``A < 0, r < 1`` with ``r = pi_prox / pi_behave`` (compared on
+        the log-probs, exactly). Detached.
+    Raises:
+        TypeError / ValueError as :func:`m2_per_token`; ValueError for NaN/Inf advantages at
+        valid positions (log-probs are checked by :func:`m2_per_token`, which callers run).
+    """
+    check_bool_mask("loss_mask", loss_mask)
+    check_tensor("advantages", advantages, floating=True)
+    check_tensor("behave_logp", behave_logp, floating=True)
+    check_tensor("prox_logp", prox_logp, floating=True)
+    check_same_shape(
+        "loss_mask", loss_mask, advantages=advantages, behave_logp=behave_logp, prox_logp=prox_logp
+    )
+    adv = advantages.detach()
+    n_bad = int((~torch.isfinite(adv) & loss_mask).sum())
+    if n_bad:
+        raise ValueError(f"advantages has {n_bad} non-finite values at loss_mask positions")
+    up = prox_logp.detach().to(torch.float64) > behave_logp.detach().to(torch.float64)
+    down = prox_logp.detach().to(torch.float64) < behave_logp.detach().to(torch.float64)
+    return loss_mask & (((adv > 0) & up) | ((adv < 0) & down))
+
+
+def m2po_candidates(
+    token_set: str,
+    behave_logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    advantages: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(in_region, candidates)`` of one batch, both bool ``[B, T]``.
+
+    ``in_region``: :func:`trust_region_tokens` (None without ``advantages``); ``candidates``, the
+    tokens the rule may mask: ``loss_mask`` for ``token_set="all"``, ``in_region`` for
+    ``"trust_region"`` (which needs ``advantages``).
+    """
+    check_choice("token_set", token_set, TOKEN_SETS)
+    if advantages is None:
+        if token_set == "trust_region":
+            raise ValueError("token_set='trust_region' needs the advantages")
+        return None, loss_mask
+    in_region = trust_region_tokens(behave_logp, prox_logp, advantages, loss_mask)
+    return in_region, loss_mask if token_set == "all" else in_region
 
 
 def _exact_sum(values: torch.Tensor) -> Fraction:
@@ -200,12 +280,16 @@ def m2po_keep_mask(m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
     return torch.empty(n, dtype=torch.bool, device=m2.device).scatter_(0, order, keep_sorted)
 
 
-def _keep_on_grid(m2: torch.Tensor, loss_mask: torch.Tensor, thr: float) -> torch.Tensor:
-    """:func:`m2po_keep_mask` of ``m2[loss_mask]`` scattered back onto the ``[B, T]`` grid."""
-    out = torch.zeros_like(loss_mask)
-    valid = m2[loss_mask]
-    if valid.numel():
-        out[loss_mask] = m2po_keep_mask(valid, thr)
+def _keep_on_grid(
+    m2: torch.Tensor, loss_mask: torch.Tensor, thr: float, candidates: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`m2po_keep_mask` of ``m2[candidates]`` scattered back onto the ``[B, T]`` grid;
+    valid tokens outside ``candidates`` (default: ``loss_mask``) are kept."""
+    cand = loss_mask if candidates is None else candidates & loss_mask
+    out = loss_mask & ~cand
+    values = m2[cand]
+    if values.numel():
+        out[cand] = m2po_keep_mask(values, thr)
     return out
 
 
@@ -237,15 +321,21 @@ def m2po_mask_and_stats(
     prox_logp: torch.Tensor,
     loss_mask: torch.Tensor,
     m2_threshold: float,
+    *,
+    advantages: torch.Tensor | None = None,
+    token_set: str = "all",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """:func:`apply_m2po_masking` and :func:`m2po_stats` of one batch, m2 computed once.
+    """The M2PO keep mask of one batch and its :func:`m2po_stats`, m2 computed once.
 
-    Same arguments and errors as :func:`apply_m2po_masking`; returns ``(keep, stats)``.
+    Same arguments and errors as :func:`apply_m2po_masking`, plus ``advantages`` (float
+    ``[B, T]``; needed by ``token_set="trust_region"``, and, when given, adds the quadrant
+    statistics) and ``token_set`` (one of :data:`TOKEN_SETS`). Returns ``(keep, stats)``.
     """
     thr = check_m2_threshold(m2_threshold)
     m2 = m2_per_token(old_logp, prox_logp, loss_mask)
-    keep = _keep_on_grid(m2, loss_mask, thr)
-    return keep, m2po_stats(m2, loss_mask, keep, thr)
+    in_region, candidates = m2po_candidates(token_set, old_logp, prox_logp, loss_mask, advantages)
+    keep = _keep_on_grid(m2, loss_mask, thr, candidates)
+    return keep, m2po_stats(m2, loss_mask, keep, thr, in_region=in_region)
 
 
 def m2po_stats(
@@ -253,6 +343,8 @@ def m2po_stats(
     loss_mask: torch.Tensor,
     keep_mask: torch.Tensor,
     m2_threshold: float,
+    *,
+    in_region: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """M2PO diagnostics for one (micro-)batch.
 
@@ -260,10 +352,14 @@ def m2po_stats(
         m2: float ``[B, T]`` per-token second moment (values outside ``loss_mask`` ignored).
         loss_mask: bool ``[B, T]`` valid tokens; keep_mask: bool ``[B, T]`` M2PO keep mask.
         m2_threshold: the threshold used.
+        in_region: optional bool ``[B, T]``, the :func:`trust_region_tokens`.
     Returns:
         Detached 0-dim float32 tensors: ``m2po/masked_fraction`` (masked / valid),
         ``m2po/m2_before`` (mean m2 over valid), ``m2po/m2_after`` (mean m2 over kept),
-        ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid`` (counts). All 0 when empty.
+        ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid`` (counts); with ``in_region``
+        also ``m2po/trust_region_fraction`` (in-quadrant / valid), ``m2po/m2_before_trust_region``
+        and ``m2po/m2_after_trust_region`` (mean m2 over the in-quadrant valid tokens, all / kept).
+        All 0 when empty.
     """
     check_tensor("m2", m2, floating=True)
     check_bool_mask("loss_mask", loss_mask)
@@ -286,4 +382,17 @@ def m2po_stats(
         "m2po/n_masked": n_masked,
         "m2po/n_valid": n_valid,
     }
+    if in_region is not None:
+        check_bool_mask("in_region", in_region)
+        check_same_shape("loss_mask", loss_mask, in_region=in_region)
+        region = in_region & loss_mask
+        region_kept = region & keep_mask
+        n_region, n_region_kept = region.sum(), region_kept.sum()
+        stats["m2po/trust_region_fraction"] = n_region / n_valid.clamp(min=1)
+        stats["m2po/m2_before_trust_region"] = torch.where(
+            region, m2_64, zero
+        ).sum() / n_region.clamp(min=1)
+        stats["m2po/m2_after_trust_region"] = torch.where(
+            region_kept, m2_64, zero
+        ).sum() / n_region_kept.clamp(min=1)
     return {k: v.detach().to(torch.float32).reshape(()) for k, v in stats.items()}

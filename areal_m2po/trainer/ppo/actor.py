@@ -62,35 +62,75 @@ def _apply_m2po_masking(
 
 
 def global_m2po_mask(
-    old_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor, m2_threshold: float
+    old_logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+    advantages: torch.Tensor | None = None,
+    token_set: str = "all",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The M2PO keep mask of this rank's rows, computed over the tokens of all ranks.
 
-    Every rank gathers the m2 of every valid token (rank-major order), applies the rule to the
-    concatenation and keeps its own slice, so the mask equals the rule applied to the
-    concatenated minibatch. Returns the mask (bool, like ``loss_mask``) and global stats.
+    Every rank gathers the m2 of every valid token and whether it is a candidate of
+    ``token_set`` (rank-major order), applies the rule to the concatenated candidates and keeps
+    its own slice, so the mask equals the rule applied to the concatenated minibatch. Returns the
+    mask (bool, like ``loss_mask``) and global stats (with ``advantages``, the quadrant stats of
+    :func:`m2po.m2po_stats` too).
     """
-    m2_local = m2po.m2_per_token(old_logp, prox_logp, loss_mask)[loss_mask]
-    m2_all, sizes = dist.all_gather_cat(m2_local)
-    keep_all = (
-        m2po.m2po_keep_mask(m2_all, m2_threshold)
-        if m2_all.numel() > 0
-        else torch.zeros(0, dtype=torch.bool)
+    m2_grid = m2po.m2_per_token(old_logp, prox_logp, loss_mask)
+    in_region, candidates = m2po.m2po_candidates(
+        token_set, old_logp, prox_logp, loss_mask, advantages
     )
-    offset = sum(sizes[: dist.rank()])
+    m2_local = m2_grid[loss_mask]
+    # one collective: the m2 values, then 0/1 flags (candidate, in quadrant)
+    flags = [candidates[loss_mask]] + ([] if in_region is None else [in_region[loss_mask]])
+    packed = torch.cat([m2_local] + [f.to(torch.float64) for f in flags])
+    packed_all, sizes = dist.all_gather_cat(packed)
+    n_flags = 1 + len(flags)
+    parts = [p.view(n_flags, -1) for p in packed_all.split(sizes)]
+    m2_all, cand_all = (torch.cat([p[i] for p in parts]) for i in (0, 1))
+    cand_all = cand_all > 0.5
+    keep_all = ~cand_all
+    if bool(cand_all.any()):
+        keep_all[cand_all] = m2po.m2po_keep_mask(m2_all[cand_all], m2_threshold)
+    offset = sum(sizes[: dist.rank()]) // n_flags
     keep = torch.zeros_like(loss_mask)
     keep[loss_mask] = keep_all[offset : offset + m2_local.numel()]
+    stats = _global_stats(m2_all, keep_all, m2_threshold)
+    if in_region is not None:
+        region_all = torch.cat([p[2] for p in parts]) > 0.5
+        stats.update(_global_region_stats(m2_all, keep_all, region_all))
+    return keep, stats
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else 0.0
+
+
+def _global_stats(m2_all: torch.Tensor, keep_all: torch.Tensor, thr: float) -> dict[str, float]:
+    """``m2po/*`` stats of the gathered valid tokens' m2 (float64 ``[N]``) and keep mask."""
     n_valid = m2_all.numel()
     n_kept = int(keep_all.sum())
-    stats = {
+    return {
         "m2po/masked_fraction": (n_valid - n_kept) / n_valid if n_valid else 0.0,
-        "m2po/m2_before": float(m2_all.mean()) if n_valid else 0.0,
-        "m2po/m2_after": float(m2_all[keep_all].mean()) if n_kept else 0.0,
-        "m2po/threshold": float(m2_threshold),
+        "m2po/m2_before": _mean(m2_all),
+        "m2po/m2_after": _mean(m2_all[keep_all]),
+        "m2po/threshold": float(thr),
         "m2po/n_masked": float(n_valid - n_kept),
         "m2po/n_valid": float(n_valid),
     }
-    return keep, stats
+
+
+def _global_region_stats(
+    m2_all: torch.Tensor, keep_all: torch.Tensor, region_all: torch.Tensor
+) -> dict[str, float]:
+    """The quadrant stats of :func:`m2po.m2po_stats` over the gathered valid tokens."""
+    n_valid = m2_all.numel()
+    return {
+        "m2po/trust_region_fraction": int(region_all.sum()) / n_valid if n_valid else 0.0,
+        "m2po/m2_before_trust_region": _mean(m2_all[region_all]),
+        "m2po/m2_after_trust_region": _mean(m2_all[region_all & keep_all]),
+    }
 
 
 class PPOActor:
@@ -341,7 +381,12 @@ class PPOActor:
             return {}
         with self.phases("m2po"):
             mb["m2po_mask"], stats = global_m2po_mask(
-                mb["logprobs"], mb["prox_logp"], mb["loss_mask"], c.m2_threshold
+                mb["logprobs"],
+                mb["prox_logp"],
+                mb["loss_mask"],
+                c.m2_threshold,
+                mb.get("advantages"),
+                c.m2_token_set,
             )
         return stats
 
@@ -362,7 +407,14 @@ class PPOActor:
                 )
             return mb["m2po_mask"], {}
         with self.phases("m2po"):
-            return m2po.m2po_mask_and_stats(mb["logprobs"], prox, mb["loss_mask"], c.m2_threshold)
+            return m2po.m2po_mask_and_stats(
+                mb["logprobs"],
+                prox,
+                mb["loss_mask"],
+                c.m2_threshold,
+                advantages=mb.get("advantages"),
+                token_set=c.m2_token_set,
+            )
 
     def _loss_fn(
         self, logp: torch.Tensor, entropy: torch.Tensor, mb: Batch, step_in_update: int
