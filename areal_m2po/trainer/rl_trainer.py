@@ -168,13 +168,13 @@ class RLTrainer:
         # sharded: an unsharded copy gathered once (RolloutEngine copies what it is given)
         policy = (
             self.actor_engine.build_full_model()
-            if self.actor_engine.sharded
+            if self.actor_engine.sharded or self.actor_engine.lora  # lora: merged, plain
             else self.actor_engine.unwrapped
         )
         self.rollout = RolloutEngine(policy, self.tokenizer, self.accelerator.device)
         del policy
-        self.ref_engine = None
-        if cfg.actor.kl_ctl > 0:
+        self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
+        if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
             ref_cfg = TrainEngineConfig(
                 path=cfg.ref.path or cfg.actor.path,
                 dtype=cfg.ref.dtype,
