@@ -5,7 +5,8 @@
 
 The overrides go to the :class:`SFTConfig` (e.g. ``model.backend=fsdp2``, ``model.lora.r=4``).
 Rank 0 writes to ``OUT.pt``: the step's stats, the held-out stats and the full model weights
-after the step (merged with the adapter when LoRA is on).
+after the step (merged with the adapter when LoRA is on); the run also writes its HF save
+(``OUT_DIR/checkpoints/final``) and a recover checkpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def main(data: str, out_dir: str, out_path: str, overrides: list[str]) -> None:
     stats = trainer.train_step(trainer._local_rows(trainer.loader.next_batch()[0]))
     eval_stats = trainer.evaluate()
     state = {k: v.detach().cpu().clone() for k, v in trainer.engine.full_tensors()}
+    trainer.save_hf("final")  # sharded: gathered to rank 0 (LoRA: the adapter + merged)
+    trainer.step = 1
+    trainer.save_checkpoint()  # sharded: every rank writes its shards
     if dist.rank() == 0:
         torch.save(
             {"world": dist.world_size(), "stats": stats, "eval": eval_stats, "state": state},

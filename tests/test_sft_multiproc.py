@@ -76,3 +76,23 @@ def test_sft_step_equal_with_one_and_two_processes_ddp(tmp_path):
 def test_sft_step_equal_with_one_process_and_two_fsdp2_shards(tmp_path):
     a, b = _run_pair(tmp_path, ["model.backend=fsdp2"])
     _assert_same_step(a, b)
+
+
+@pytest.mark.slow
+def test_lora_sft_step_equal_with_one_process_and_two_fsdp2_shards(tmp_path):
+    """LoRA under FSDP2: the adapters shard with their layers; the merged weights after one
+    step equal the unsharded run's."""
+    from safetensors.torch import load_file
+
+    a, b = _run_pair(
+        tmp_path, ["model.backend=fsdp2"], ["model.lora.r=4", "model.lora.save_merged=true"]
+    )
+    _assert_same_step(a, b)
+    assert any(name.endswith("q_proj.weight") for name in a["state"])  # merged names
+    for run in ("r1", "r2"):
+        final = tmp_path / run / "checkpoints" / "final"
+        assert (final / "adapter_config.json").is_file(), run
+        assert (tmp_path / run / "recover" / "step_1" / "meta.json").is_file(), run
+    merged = load_file(tmp_path / "r2" / "checkpoints" / "final" / "merged" / "model.safetensors")
+    for name, w in merged.items():
+        torch.testing.assert_close(w, a["state"][name], rtol=1e-4, atol=1e-6, msg=name)
