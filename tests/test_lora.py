@@ -107,6 +107,27 @@ def test_only_adapter_parameters_train_and_hold_optimizer_state(tok):
     assert n_train < 0.5 * n_all
 
 
+def test_gradient_checkpointing_with_lora_trains_the_adapters(tok):
+    """Checkpointed layers over frozen embeddings still pass a gradient to the adapters."""
+    from accelerate import Accelerator
+
+    from areal_m2po.engine.train_engine import HFTrainEngine
+
+    cfg = TrainEngineConfig(
+        path="builtin:tiny",
+        gradient_checkpointing=True,
+        optimizer=OptimizerConfig(lr=1e-2),
+        lora=LoRAConfig(r=2),
+    )
+    engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=1)
+    before = {
+        n: p.detach().clone() for n, p in engine.unwrapped.named_parameters() if ".lora_B." in n
+    }
+    _train(engine, _batch(tok), steps=1)
+    after = dict(engine.unwrapped.named_parameters())
+    assert all(not torch.equal(before[n], after[n].detach()) for n in before)
+
+
 def test_target_modules_select_the_adapted_layers(tok):
     engine = _engine(LoRAConfig(r=2, target_modules=["q_proj", "v_proj"]))
     adapted = {
