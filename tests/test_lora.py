@@ -317,3 +317,51 @@ def test_ppo_with_lora_runs_and_resumes_exactly(tmp_path):
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for a, b in zip(got, expected):
         assert _untimed(a) == _untimed(b), a["step"]
+
+
+@pytest.mark.slow
+def test_async_ppo_with_lora_hands_merged_weights_to_the_servers(tmp_path):
+    """rollout.mode=async with a LoRA actor: the servers start from the base model and load the
+    merged weights (plain names, no adapter tensors) each step."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    repo = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "tests")])
+    args = [
+        "--config",
+        str(repo / "configs" / "tiny.yaml"),
+        f"output_dir={run_dir}",
+        "total_train_steps=2",
+        "rollout.mode=async",
+        "rollout.staleness=0",
+        "rollout.max_head_offpolicyness=1",
+        "rollout.server_threads=1",
+        "num_threads=1",
+        "evaluator.eval_at_end=false",
+        "saver.save_at_end=false",
+        "reward.path=toy_rewards:digit_fraction",
+        "actor.lora.r=4",
+        "actor.optimizer.lr=1e-2",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_m2po.train", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in _metrics(run_dir)] == [1, 2]
+    files = sorted((run_dir / "rollout_weights" / "v2").glob("*.safetensors"))
+    assert files
+    names = set()
+    for f in files:
+        names |= set(load_file(f))
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    assert not any("lora_" in n or "base_layer" in n for n in names)
