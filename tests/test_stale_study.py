@@ -369,3 +369,30 @@ def test_train_command_and_device_slots(study):
     assert device_slots(2, 1, "4,5,6") == ["4", "5"]
     with pytest.raises(ValueError, match="need 4 devices"):
         device_slots(2, 2, "0,1")
+
+
+def test_round3_verdict_rules(study):
+    from study import verdicts_r3 as v
+
+    def d(lo: float, hi: float) -> dict:
+        return {"n": 3, "mean": (lo + hi) / 2, "se": (hi - lo) / 8.6, "lo": lo, "hi": hi}
+
+    assert v.MARGIN_AUC == 0.03
+    # loses: below 0 / a 3-point loss excluded / neither
+    assert v.loses(d(-0.10, -0.01)) == "reproduced"
+    assert v.loses(d(-0.029, 0.05)) == "not reproduced"
+    assert v.loses(d(-0.08, 0.02)) == "inconclusive at this power"
+    # keeps (non-inferiority at 3 points): the mirror image, the boundary itself not enough
+    assert v.keeps(d(-0.029, 0.05)) == "reproduced"
+    assert v.keeps(d(-0.03, 0.05)) == "inconclusive at this power"
+    assert v.keeps(d(-0.10, -0.01)) == "not reproduced"
+    # beats
+    assert v.beats(d(0.001, 0.05)) == "reproduced"
+    assert v.beats(d(-0.05, -0.001)) == "not reproduced"
+    assert v.beats(d(-0.02, 0.02)).startswith("not reproduced (no difference")
+    assert v.beats(d(-0.05, 0.02)) == "inconclusive at this power"
+    # the regime: at most 1% masked
+    assert v.in_paper_regime(0.01) == "yes" and v.in_paper_regime(0.0101) == "no"
+    assert v.describe(d(-0.05, -0.01)) == (
+        "AUC -3.0 points (standard error 0.5, 95% interval -5.0 to -1.0, 3 seeds)"
+    )
