@@ -133,6 +133,35 @@ def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
     assert built["rewards"].tolist() == pytest.approx([digit_fraction("", t, "") for t in texts])
 
 
+def test_hf_engine_versions_weights_from_disk_and_greedy(tiny, tmp_path):
+    from areal_m2po.engine.weight_files import write_weights
+
+    model, tok, records = tiny
+    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+    prompt = records[0]["prompt_ids"]
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+
+    async def two():
+        return await asyncio.gather(*(engine.agenerate(ModelRequest(prompt, greedy)) for _ in "ab"))
+
+    a, b = asyncio.run(two())
+    assert a.output_ids == b.output_ids and a.output_logprobs == [0.0] * a.output_len
+    assert a.finish_reason == ("stop" if a.output_ids[-1] in engine.eos_ids else "length")
+    assert a.output_versions == [0] * a.output_len and a.input_ids == prompt
+    # new weights from disk, stamped: later tokens carry the version
+    path = write_weights(model.state_dict(), str(tmp_path / "w"), 7, model.config)
+    engine.update_weights_from_disk(path, 7)
+    assert engine.get_version() == 7
+    c = asyncio.run(asyncio.wait_for(engine.agenerate(ModelRequest(prompt, greedy)), 60))
+    assert c.output_versions == [7] * c.output_len and c.output_ids == a.output_ids
+    with pytest.raises(ValueError, match="stamped"):
+        engine.update_weights_from_disk(path, 8)
+    engine.pause()
+    engine.resume()
+    engine.set_version(9)
+    assert engine.get_version() == 9
+
+
 # ---------------------------------------------------------------------------------------------
 # one workflow, two modes
 # ---------------------------------------------------------------------------------------------
