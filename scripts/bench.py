@@ -22,7 +22,7 @@ and medians, so that the shared CPU's swings hit every contender alike:
   ``cross_entropy`` log-probs, a policy-gradient loss, backward, ``AdamW.step``.
 * ``packed_speedup``: the same update with ``mb_spec.packing=true`` (time padded / packed).
 * ``m2po_fraction_of_update``: time inside the M2PO mask (``global_m2po_mask`` and, for the
-  micro-batch scope, ``m2po.m2po_mask_and_stats``) over the update step.
+  micro-batch scope, ``m2po.m2po_mask``) over the update step.
 * ``rl_step_breakdown``: ``RLTrainer.train`` for a few steps (staleness 1 so the proximal
   log-probs are recomputed, ``kl_ctl`` > 0 so the reference model runs): generation (incl.
   reward) / log-prob recompute / ref / update / other, in % of the summed wall time of the

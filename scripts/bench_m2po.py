@@ -2,7 +2,7 @@
 
 Run: ``python scripts/bench_m2po.py [--rows 512] [--cols 8192] [--size 1m] [--device cpu]``
 
-* ``mask_ms@REGIME``: ``apply_m2po_masking`` + ``m2po_stats`` (what one M2PO scope computes) on
+* ``mask_ms@REGIME``: ``m2po_mask`` (the mask and its stats: what one M2PO scope computes) on
   ``[rows, cols]`` float32 log-probs, completion lengths uniform in ``[cols/4, cols]``, median
   of ``--repeats``. Regimes: ``quiet`` (drift N(0, 0.1^2), threshold 0.04: nothing to mask, one
   reduction), ``stale`` (heavy-tailed drift, threshold 0.04: the sort and the cumulative means),
@@ -37,7 +37,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from bench import build_model  # noqa: E402
 
-from areal_m2po.utils.m2po import apply_m2po_masking, m2_per_token, m2po_stats  # noqa: E402
+from areal_m2po.algo.m2po import m2_per_token, m2po_mask  # noqa: E402
 
 THRESHOLD = 0.04
 
@@ -87,8 +87,7 @@ def bench_mask(args: argparse.Namespace, device: torch.device) -> dict[str, floa
         old, prox, mask = old.to(device), prox.to(device), mask.to(device)
 
         def step(old=old, prox=prox, mask=mask, thr=thr) -> dict[str, torch.Tensor]:
-            keep = apply_m2po_masking(old, prox, mask, thr)
-            return m2po_stats(m2_per_token(old, prox, mask), mask, keep, thr)
+            return m2po_mask(old, prox, mask, thr)[1]
 
         stats = step()
         out[f"masked_fraction@{regime}"] = float(stats["m2po/masked_fraction"])

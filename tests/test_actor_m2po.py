@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
+from areal_m2po.algo.m2po import m2po_mask
 from areal_m2po.api.cli_args import ActorConfig
 from areal_m2po.trainer.ppo.actor import PPOActor
-from areal_m2po.utils.m2po import m2po_mask_and_stats
 
 
 class StubEngine:
@@ -81,7 +81,7 @@ def test_m2po_mask_per_scope():
     batch = _batch([2, 2])
     batch["prox_logp"] = batch["logprobs"] + torch.linspace(0, 1, 10).view(2, 5)
     prox = batch["prox_logp"]
-    want_keep, want_stats = m2po_mask_and_stats(batch["logprobs"], prox, batch["loss_mask"], 0.04)
+    want_keep, want_stats = m2po_mask(batch["logprobs"], prox, batch["loss_mask"], 0.04)
     assert 0 < int(want_keep.sum()) < int(batch["loss_mask"].sum())
 
     micro = _actor(3, m2_threshold=0.04, m2_scope="microbatch")
@@ -109,7 +109,7 @@ def test_trust_region_token_set_reaches_the_rule_in_both_scopes(scope):
     batch["prox_logp"] = batch["logprobs"] + torch.linspace(-1, 1, 10).view(2, 5)
     batch["advantages"] = torch.tensor([[1.0] * 5, [-1.0] * 5])
     prox = batch["prox_logp"]
-    want_keep, _ = m2po_mask_and_stats(
+    want_keep, _ = m2po_mask(
         batch["logprobs"],
         prox,
         batch["loss_mask"],
@@ -117,7 +117,7 @@ def test_trust_region_token_set_reaches_the_rule_in_both_scopes(scope):
         advantages=batch["advantages"],
         token_set="trust_region",
     )
-    all_keep, _ = m2po_mask_and_stats(batch["logprobs"], prox, batch["loss_mask"], 0.04)
+    all_keep, _ = m2po_mask(batch["logprobs"], prox, batch["loss_mask"], 0.04)
     assert not torch.equal(want_keep, all_keep)
     actor = _actor(3, m2_threshold=0.04, m2_scope=scope, m2_token_set="trust_region")
     stats = actor.prepare_m2po(batch)

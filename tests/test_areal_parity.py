@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
+from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, sapo_loss_fn
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
 from areal_m2po.trainer.ppo.actor import PPOActor
-from areal_m2po.utils.losses import ppo_actor_loss_fn, sapo_loss_fn
 
 F64 = torch.float64
 
@@ -39,7 +39,7 @@ def _decoupled_loss(**actor_kwargs: object) -> float:
         "advantages": _t([2.0]),
     }
     lp = (prox + math.log(1.1)).requires_grad_(True)
-    loss, _ = actor._loss_fn(lp, torch.zeros_like(lp), mb, step_in_update=0)
+    loss, _ = actor._microbatch_loss(lp, torch.zeros_like(lp), mb, step_in_update=0)
     return float(loss.detach())
 
 
@@ -238,7 +238,7 @@ def test_truncation_keys_refuse_stop_strings():
 
 
 def test_kl_estimate_clamp_by_hand_and_validation():
-    from areal_m2po.utils.advantages import kl_estimate
+    from areal_m2po.algo.kl import kl_estimate
 
     lp, ref = _t([15.0, -12.0, 0.5]), _t([0.0, 0.0, 0.0])
     assert kl_estimate(lp, ref, "k1", clamp=10.0).tolist() == [[10.0, -10.0, 0.5]]
@@ -315,7 +315,7 @@ def test_truncated_sampling_allowed_when_only_recomputed_logprobs_are_read():
 
 
 def test_group_mean_batch_std_is_the_pooled_within_group_spread():
-    from areal_m2po.utils.advantages import group_normalize, masked_normalize
+    from areal_m2po.algo.normalization import group_normalize, masked_normalize
 
     # groups [1, 0] and [5, 4]: group means 0.5 and 4.5, centred [0.5, -0.5, 0.5, -0.5];
     # batch std of the centred values sqrt(4 * 0.25 / 3) = sqrt(1/3) -> +-0.5 * sqrt(3)
@@ -332,7 +332,7 @@ def test_group_mean_batch_std_is_the_pooled_within_group_spread():
 
 
 def test_leave_one_out_with_std_and_std_without_centring():
-    from areal_m2po.utils.advantages import group_normalize
+    from areal_m2po.algo.normalization import group_normalize
 
     # RLOO + std, one group [1, 0, 0, 0]: leave-one-out means [0, 1/3, 1/3, 1/3], centred
     # [1, -1/3, -1/3, -1/3], std sqrt((1 + 3/9) / 3) = 2/3 -> [1.5, -0.5, -0.5, -0.5]

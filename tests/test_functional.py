@@ -1,5 +1,5 @@
-"""Losses, advantage/reward maths and log-prob gathering (areal_m2po.utils.losses, .advantages,
-.logprobs, .reductions; areal_m2po.utils.functional re-exports them under AReaL's names).
+"""Losses, advantage/reward maths and log-prob gathering (areal_m2po.algo; the losses through
+AReaL's names in areal_m2po.algo.areal_compat; areal_m2po.utils.logprobs).
 
 Expected numbers are derived by hand in the comments (or by an independent plain-torch
 reference). Tests use local torch.Generator objects and set nothing global.
@@ -12,18 +12,14 @@ import math
 import pytest
 import torch
 
-from areal_m2po.utils import functional
-from areal_m2po.utils.advantages import (
-    gae_advantages,
-    group_normalize,
-    kl_estimate,
-    masked_normalize,
-    overlong_reward_penalty,
-    reward_transform,
-)
+from areal_m2po.algo.advantages import gae_advantages
+from areal_m2po.algo.aggregation import agg_loss
+from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, ppo_critic_loss_fn, sapo_loss_fn
+from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.normalization import group_normalize, masked_normalize
+from areal_m2po.algo.reductions import masked_mean, masked_sum, masked_var
+from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
 from areal_m2po.utils.logprobs import gather_logprobs_entropy
-from areal_m2po.utils.losses import agg_loss, ppo_actor_loss_fn, ppo_critic_loss_fn, sapo_loss_fn
-from areal_m2po.utils.reductions import masked_mean, masked_sum, masked_var
 
 F64 = torch.float64
 
@@ -692,13 +688,37 @@ def test_masked_normalize_batch_sum_spans_shards():
     assert not torch.allclose(alone, whole[:2])
 
 
-def test_functional_re_exports_the_areal_names():
-    """``areal_m2po.utils.functional`` keeps AReaL's import path: the same objects."""
-    from areal_m2po.utils import advantages, logprobs, losses, m2po, reductions
+def test_areal_compat_names_call_the_owning_modules():
+    """``areal_m2po.algo.areal_compat`` keeps AReaL's names and argument names: each gives the
+    result of the module that owns the concept, for the same inputs."""
+    from areal_m2po.algo import areal_compat, critic_loss, m2po, ppo_loss, sapo_loss
 
-    for mod in (advantages, logprobs, losses, m2po, reductions):
-        for name in set(mod.__all__) & set(functional.__all__):
-            assert getattr(functional, name) is getattr(mod, name), name
-    for name in ("ppo_actor_loss_fn", "sapo_loss_fn", "ppo_critic_loss_fn", "apply_m2po_masking"):
-        assert name in functional.__all__
-    assert all(hasattr(functional, n) for n in functional.__all__)
+    torch.manual_seed(0)
+    lp, prox, behave, adv = (torch.randn(2, 5, dtype=F64) for _ in range(4))
+    mask = torch.rand(2, 5) > 0.3
+    spec = ppo_loss.PPOLossSpec(eps_clip=0.2, c_clip=3.0)
+    want, _ = ppo_loss.ppo_actor_loss(lp, prox, behave, adv, mask, spec)
+    got, _ = areal_compat.ppo_actor_loss_fn(
+        logprobs=lp,
+        proximal_logprobs=prox,
+        old_logprobs=behave,
+        advantages=adv,
+        eps_clip=0.2,
+        loss_mask=mask,
+        c_clip=3.0,
+    )
+    assert got == want
+    want, _ = sapo_loss.sapo_loss(lp, prox, adv, 1.0, 1.05, mask)
+    assert areal_compat.sapo_loss_fn(lp, prox, adv, 1.0, 1.05, mask)[0] == want
+    assert areal_compat.ppo_critic_loss_fn is critic_loss.ppo_critic_loss
+    keep, _ = m2po.m2po_mask(behave, prox, mask, 0.05)
+    assert torch.equal(areal_compat._apply_m2po_masking(behave, prox, mask, 0.05), keep)
+    assert sorted(areal_compat.__all__) == sorted(
+        [
+            "_apply_m2po_masking",
+            "_get_m2po_loss_mask",
+            "ppo_actor_loss_fn",
+            "ppo_critic_loss_fn",
+            "sapo_loss_fn",
+        ]
+    )

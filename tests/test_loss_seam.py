@@ -45,7 +45,7 @@ def test_actor_hands_the_loss_prox_and_microbatch_m2po_mask():
     actor = PPOActor(cfg, None, 2, 6, loss_fn=rec)  # type: ignore[arg-type]
     mb = _micro_batch()
     logp = mb["prox_logp"] + 0.1
-    loss, stats = actor._loss_fn(logp, torch.zeros_like(logp), mb, step_in_update=3)
+    loss, stats = actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=3)
     batch, ctx = rec.calls[0]
     expected = _apply_m2po_masking(mb["logprobs"], mb["prox_logp"], mb["loss_mask"], 0.05)
     assert not bool(expected[mb["loss_mask"]].all())  # the batch does mask something
@@ -63,7 +63,7 @@ def test_no_m2po_no_mask_key_and_loglinear_prox():
     actor.engine = type("E", (), {"version": 1})()  # type: ignore[assignment]
     mb = _micro_batch()
     logp = mb["logprobs"] + 0.4
-    actor._loss_fn(logp, torch.zeros_like(logp), mb, step_in_update=1)
+    actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=1)
     batch, _ = rec.calls[0]
     assert "m2po_mask" not in batch
     # behaviour version 0, proximal 1, current 2: alpha = 1/2, prox = behave + 0.2
@@ -76,7 +76,7 @@ def test_default_loss_is_the_library_loss():
     assert actor.loss_fn is library_actor_loss
     mb = _micro_batch()
     logp = mb["prox_logp"] + 0.05
-    loss, _ = actor._loss_fn(logp, torch.zeros_like(logp), mb, step_in_update=0)
+    loss, _ = actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=0)
     # token-mean over the 8 valid tokens of -A * ratio on the kept ones (ratio inside the clip)
     keep = mb["loss_mask"] & _apply_m2po_masking(
         mb["logprobs"], mb["prox_logp"], mb["loss_mask"], 0.05

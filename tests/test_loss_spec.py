@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 import torch
 
+from areal_m2po.algo import aggregation, kl, normalization, ppo_loss
+from areal_m2po.algo.areal_compat import ppo_actor_loss_fn
+from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.rejection_sampling import as_rejection_config
 from areal_m2po.api import cli_args
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
-from areal_m2po.utils import advantages, functional, losses
-from areal_m2po.utils.losses import PPOLossSpec, ppo_actor_loss, ppo_actor_loss_fn
-from areal_m2po.utils.rejection_sampling import as_rejection_config
+from areal_m2po.trainer.ppo.loss_fn import ppo_loss_spec
 
 F64 = torch.float64
 
@@ -69,13 +71,13 @@ def test_keyword_wrapper_equals_spec_call(opts):
 def test_spec_from_actor_config():
     rs = RejectionSamplingConfig(upper=1.5)
     c = ActorConfig(eps_clip=0.1, eps_clip_higher=0.3, c_clip=2.0, rejection_sampling=rs)
-    spec = PPOLossSpec.from_actor_config(c, max_tokens_norm=16)
+    spec = ppo_loss_spec(c, max_new_tokens=16)
     # rejection sampling only applies with the decoupled loss
     assert spec.rejection_sampling is None
     assert (spec.eps_clip, spec.eps_clip_upper, spec.c_clip) == (0.1, 0.3, 2.0)
     assert spec.max_tokens_norm == 16 and spec.loss_agg_mode == c.loss_agg_mode
     c2 = ActorConfig(use_decoupled_loss=True, rejection_sampling=rs)
-    assert PPOLossSpec.from_actor_config(c2, None).rejection_sampling is rs
+    assert ppo_loss_spec(c2, None).rejection_sampling is rs
     assert PPOLossSpec(eps_clip=0.2).eps_clip_upper == 0.2
     with pytest.raises(AttributeError):
         spec.eps_clip = 0.5  # type: ignore[misc]
@@ -98,11 +100,11 @@ def test_spec_bad_options_name_the_culprit():
 
 
 def test_choice_lists_are_defined_once():
-    assert losses.LOSS_AGG_MODES is cli_args.LOSS_AGG_MODES
-    assert functional.LOSS_AGG_MODES is cli_args.LOSS_AGG_MODES
-    assert advantages.KL_ESTIMATORS is cli_args.KL_ESTIMATORS
-    assert advantages.NORM_LEVELS is cli_args.NORM_LEVELS
-    assert losses.IMPORTANCE_SAMPLING_LEVELS is cli_args.IMPORTANCE_SAMPLING_LEVELS
+    assert aggregation.LOSS_AGG_MODES is cli_args.LOSS_AGG_MODES
+    assert ppo_loss.LOSS_AGG_MODES is cli_args.LOSS_AGG_MODES
+    assert kl.KL_ESTIMATORS is cli_args.KL_ESTIMATORS
+    assert normalization.NORM_LEVELS is cli_args.NORM_LEVELS
+    assert ppo_loss.IMPORTANCE_SAMPLING_LEVELS is cli_args.IMPORTANCE_SAMPLING_LEVELS
     fields = {f.name: f for f in dataclasses.fields(ActorConfig)}
     assert fields["loss_agg_mode"].metadata["choices"] is cli_args.LOSS_AGG_MODES
     assert fields["kl_estimator"].metadata["choices"] is cli_args.KL_ESTIMATORS

@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec, OptimizerConfig
-from areal_m2po.utils.losses import LOSS_AGG_MODES, agg_loss, agg_loss_weight
+from areal_m2po.algo.aggregation import agg_loss, agg_loss_weight
+from areal_m2po.api.cli_args import LOSS_AGG_MODES, ActorConfig, MicroBatchSpec, OptimizerConfig
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""The M2PO rule (areal_m2po.utils.m2po): hand-made cases, the exactness bug, edge cases,
+"""The M2PO rule (areal_m2po.algo.m2po): hand-made cases, the exactness bug, edge cases,
 validation and property tests against an independent pure-Python reference.
 
 The reference implements the rule literally, in exact rational arithmetic: drop the largest
@@ -17,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from areal_m2po.algo import m2po
+from areal_m2po.algo.m2po import m2_per_token, m2po_keep_mask, m2po_stats
 from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mask
-from areal_m2po.utils import m2po
-from areal_m2po.utils.m2po import apply_m2po_masking, m2_per_token, m2po_keep_mask, m2po_stats
 
 
 def literal_rule(values: list[float], thr: float) -> list[bool]:
@@ -178,8 +178,8 @@ def test_cuda_matches_cpu():
     old = -torch.rand(32, 1024, generator=g) * 3
     prox = old + torch.exp(torch.randn(32, 1024, generator=g) * 1.5 - 2.5)
     mask = torch.rand(32, 1024, generator=g) < 0.7
-    cpu = apply_m2po_masking(old, prox, mask, 0.02)
-    gpu = apply_m2po_masking(old.cuda(), prox.cuda(), mask.cuda(), 0.02)
+    cpu = _apply_m2po_masking(old, prox, mask, 0.02)
+    gpu = _apply_m2po_masking(old.cuda(), prox.cuda(), mask.cuda(), 0.02)
     assert torch.equal(gpu.cpu(), cpu)
     values = torch.randint(0, 40, (20_000,), generator=g).double() * 0.05
     thr = float(values.sort().values[:9_000].sum()) / 9_000
@@ -187,7 +187,7 @@ def test_cuda_matches_cpu():
 
 
 # ---------------------------------------------------------------------------------------
-# apply_m2po_masking: shapes, edge cases, validation
+# _apply_m2po_masking (and m2po_mask): shapes, edge cases, validation
 # ---------------------------------------------------------------------------------------
 
 
@@ -198,7 +198,7 @@ def test_apply_is_the_rule_on_valid_tokens_and_ignores_the_rest():
     mask = torch.rand(8, 33, generator=g) < 0.7
     old[~mask] = float("nan")  # garbage outside the mask is ignored
     prox[~mask] = float("inf")
-    for fn in (apply_m2po_masking, _apply_m2po_masking):
+    for fn in (lambda *a: m2po.m2po_mask(*a)[0], _apply_m2po_masking):
         keep = fn(old, prox, mask, 0.05)
         assert keep.dtype == torch.bool and keep.shape == mask.shape
         assert not (keep & ~mask).any()
@@ -209,9 +209,9 @@ def test_apply_is_the_rule_on_valid_tokens_and_ignores_the_rest():
 
 def test_apply_empty_inputs():
     z = torch.zeros(3, 4)
-    assert not apply_m2po_masking(z, z, torch.zeros(3, 4, dtype=torch.bool), 0.1).any()
+    assert not _apply_m2po_masking(z, z, torch.zeros(3, 4, dtype=torch.bool), 0.1).any()
     e = torch.zeros(0, 5)
-    out = apply_m2po_masking(e, e, torch.zeros(0, 5, dtype=torch.bool), 0.1)
+    out = _apply_m2po_masking(e, e, torch.zeros(0, 5, dtype=torch.bool), 0.1)
     assert out.shape == (0, 5) and out.dtype == torch.bool
     assert m2po_keep_mask(torch.zeros(0), 0.1).tolist() == []
 
@@ -220,27 +220,27 @@ def test_apply_single_token_always_kept():
     old = torch.tensor([[0.0, -5.0]])
     prox = torch.tensor([[0.0, 0.0]])
     mask = torch.tensor([[False, True]])
-    assert apply_m2po_masking(old, prox, mask, 1e-6).tolist() == [[False, True]]
+    assert _apply_m2po_masking(old, prox, mask, 1e-6).tolist() == [[False, True]]
 
 
 def test_apply_validation_errors():
     x = torch.zeros(2, 3)
     m = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(TypeError, match="^loss_mask must be torch.bool, got torch.float32$"):
-        apply_m2po_masking(x, x, m.float(), 0.1)
-    with pytest.raises(TypeError, match="^old_logp must be a floating-point tensor"):
-        apply_m2po_masking(x.long(), x, m, 0.1)
+        _apply_m2po_masking(x, x, m.float(), 0.1)
+    with pytest.raises(TypeError, match="^behave_logp must be a floating-point tensor"):
+        _apply_m2po_masking(x.long(), x, m, 0.1)
     with pytest.raises(
-        ValueError, match=r"^prox_logp shape \(2, 4\) does not match old_logp shape \(2, 3\)$"
+        ValueError, match=r"^prox_logp shape \(2, 4\) does not match behave_logp shape \(2, 3\)$"
     ):
-        apply_m2po_masking(x, torch.zeros(2, 4), m, 0.1)
+        _apply_m2po_masking(x, torch.zeros(2, 4), m, 0.1)
     with pytest.raises(ValueError, match=r"^loss_mask shape \(3, 2\)"):
-        apply_m2po_masking(x, x, torch.ones(3, 2, dtype=torch.bool), 0.1)
+        _apply_m2po_masking(x, x, torch.ones(3, 2, dtype=torch.bool), 0.1)
     for bad in (None, 0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="^m2_threshold must be a positive finite number"):
-            apply_m2po_masking(x, x, m, bad)
+            _apply_m2po_masking(x, x, m, bad)
     with pytest.raises(TypeError, match="^m2_threshold must be a real number, got str$"):
-        apply_m2po_masking(x, x, m, "0.1")
+        _apply_m2po_masking(x, x, m, "0.1")
 
 
 def test_apply_non_finite_at_valid_positions_raise():
@@ -251,17 +251,17 @@ def test_apply_non_finite_at_valid_positions_raise():
     prox = torch.zeros(2, 3)
     m = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(
-        ValueError, match="^old_logp has 3 non-finite values at loss_mask positions$"
+        ValueError, match="^behave_logp has 3 non-finite values at loss_mask positions$"
     ):
-        apply_m2po_masking(old, prox, m, 0.1)
+        _apply_m2po_masking(old, prox, m, 0.1)
     with pytest.raises(ValueError, match="^prox_logp has 3 non-finite values"):
-        apply_m2po_masking(prox, old, m, 0.1)
+        _apply_m2po_masking(prox, old, m, 0.1)
     # the same values outside loss_mask are fine
     finite = torch.isfinite(old)
-    assert apply_m2po_masking(old, prox, finite, 0.1).tolist() == finite.tolist()
+    assert _apply_m2po_masking(old, prox, finite, 0.1).tolist() == finite.tolist()
     big = torch.full((1, 2), 1e200, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"^\(old_logp - prox_logp\)\^2 overflows float64"):
-        apply_m2po_masking(big, -big, torch.ones(1, 2, dtype=torch.bool), 0.1)
+    with pytest.raises(ValueError, match=r"^\(behave_logp - prox_logp\)\^2 overflows float64"):
+        _apply_m2po_masking(big, -big, torch.ones(1, 2, dtype=torch.bool), 0.1)
 
 
 def test_keep_mask_validation():
@@ -285,7 +285,7 @@ def test_m2po_stats_by_hand():
     )
     prox = torch.zeros(2, 3)
     mask = torch.tensor([[True, True, False], [True, True, False]])
-    keep = apply_m2po_masking(old, prox, mask, 0.2)
+    keep = _apply_m2po_masking(old, prox, mask, 0.2)
     assert keep.tolist() == [[False, True, False], [True, True, False]]
     m2 = m2_per_token(old, prox, mask)
     assert m2.dtype == torch.float64 and m2[0, 2].item() == 0.0
@@ -373,7 +373,7 @@ def test_global_scope_in_one_process_is_the_rule_on_the_batch():
     prox = old + 0.3 * torch.randn(6, 40, generator=g)
     mask = torch.rand(6, 40, generator=g) < 0.8
     keep, stats = global_m2po_mask(old, prox, mask, 0.04)
-    assert torch.equal(keep, apply_m2po_masking(old, prox, mask, 0.04))
+    assert torch.equal(keep, _apply_m2po_masking(old, prox, mask, 0.04))
     want = m2po_stats(m2_per_token(old, prox, mask), mask, keep, 0.04)
     assert 0 < stats["m2po/n_masked"] < stats["m2po/n_valid"]
     for k, v in want.items():

@@ -18,13 +18,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from areal_m2po.trainer.ppo.actor import global_m2po_mask
-from areal_m2po.utils.m2po import (
-    apply_m2po_masking,
-    m2po_candidates,
-    m2po_mask_and_stats,
-    trust_region_tokens,
-)
+from areal_m2po.algo.m2po import m2po_candidates, m2po_mask, trust_region_tokens
+from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, global_m2po_mask
 
 
 def reference_trust_region(
@@ -65,18 +60,16 @@ def test_hand_case_masks_only_in_quadrant_tokens():
     ]
     # candidates' m2 [1, 0.25]: mean 0.625 >= 0.3 -> drop t0 (m2 1); mean 0.25 < 0.3 -> stop.
     # The all-token rule would drop t4 (m2 4) and t0/t1 (1, 1) instead.
-    keep, stats = m2po_mask_and_stats(
-        behave, prox, valid, 0.3, advantages=adv, token_set="trust_region"
-    )
+    keep, stats = m2po_mask(behave, prox, valid, 0.3, advantages=adv, token_set="trust_region")
     assert keep.tolist() == [[False, True, True, True, True, True]]
     assert stats["m2po/n_masked"].item() == 1
     assert stats["m2po/trust_region_fraction"].item() == pytest.approx(2 / 6)
     assert stats["m2po/m2_before_trust_region"].item() == pytest.approx(0.625)
     assert stats["m2po/m2_after_trust_region"].item() == pytest.approx(0.25)
     # all-token m2 [1, 1, .25, .25, 4, 0] mean 1.083: drop 4, 1, 1 -> [.25, .25, 0] mean 1/6
-    keep_all, stats_all = m2po_mask_and_stats(behave, prox, valid, 0.3, advantages=adv)
+    keep_all, stats_all = m2po_mask(behave, prox, valid, 0.3, advantages=adv)
     assert keep_all.tolist() == [[False, False, True, True, False, True]]
-    assert torch.equal(keep_all, apply_m2po_masking(behave, prox, valid, 0.3))
+    assert torch.equal(keep_all, _apply_m2po_masking(behave, prox, valid, 0.3))
     assert stats_all["m2po/m2_before"].item() == pytest.approx(6.5 / 6)
     # the quadrant stats are reported for the all-token set too (same quadrants)
     assert stats_all["m2po/trust_region_fraction"].item() == pytest.approx(2 / 6)
@@ -88,9 +81,7 @@ def test_keeps_at_least_one_candidate_and_ties_go_by_index():
     prox = torch.full((1, 4), 1.0)  # r > 1 everywhere, m2 = 1 each
     adv = torch.ones(1, 4)
     valid = torch.ones(1, 4, dtype=torch.bool)
-    keep, _ = m2po_mask_and_stats(
-        behave, prox, valid, 0.5, advantages=adv, token_set="trust_region"
-    )
+    keep, _ = m2po_mask(behave, prox, valid, 0.5, advantages=adv, token_set="trust_region")
     assert keep.tolist() == [[False, False, False, True]]
 
 
@@ -99,9 +90,7 @@ def test_no_candidates_masks_nothing():
     prox = torch.full((2, 3), -3.0)  # r < 1 everywhere
     adv = torch.ones(2, 3)  # A > 0: the safe side everywhere
     valid = torch.tensor([[True, True, False], [True, False, False]])
-    keep, stats = m2po_mask_and_stats(
-        behave, prox, valid, 0.04, advantages=adv, token_set="trust_region"
-    )
+    keep, stats = m2po_mask(behave, prox, valid, 0.04, advantages=adv, token_set="trust_region")
     assert torch.equal(keep, valid)
     assert stats["m2po/masked_fraction"].item() == 0
     assert stats["m2po/trust_region_fraction"].item() == 0
@@ -120,9 +109,7 @@ def test_random_batches_match_the_reference(seed):
     adv = torch.randn(b, t, generator=g).round()  # many exact zeros
     valid = torch.rand(b, t, generator=g) < 0.8
     thr = [0.001, 0.04, 0.3][seed % 3]
-    keep, _ = m2po_mask_and_stats(
-        behave, prox, valid, thr, advantages=adv, token_set="trust_region"
-    )
+    keep, _ = m2po_mask(behave, prox, valid, thr, advantages=adv, token_set="trust_region")
     want_keep, want_region = reference_trust_region(
         behave.flatten().tolist(),
         prox.flatten().tolist(),
@@ -135,9 +122,7 @@ def test_random_batches_match_the_reference(seed):
     # global scope in one process: the same mask and the same stats as the micro-batch path
     keep_g, stats_g = global_m2po_mask(behave, prox, valid, thr, adv, "trust_region")
     assert torch.equal(keep_g, keep)
-    _, stats_mb = m2po_mask_and_stats(
-        behave, prox, valid, thr, advantages=adv, token_set="trust_region"
-    )
+    _, stats_mb = m2po_mask(behave, prox, valid, thr, advantages=adv, token_set="trust_region")
     assert stats_g.keys() == {k for k in stats_mb}
     for k, v in stats_mb.items():
         assert stats_g[k] == pytest.approx(v.item(), rel=1e-6, abs=1e-12), k
@@ -152,7 +137,7 @@ def test_global_all_token_set_unchanged_by_the_advantages():
     keep_plain, stats_plain = global_m2po_mask(behave, prox, valid, 0.04)
     keep_adv, stats_adv = global_m2po_mask(behave, prox, valid, 0.04, adv, "all")
     assert torch.equal(keep_plain, keep_adv)
-    assert torch.equal(keep_plain, apply_m2po_masking(behave, prox, valid, 0.04))
+    assert torch.equal(keep_plain, _apply_m2po_masking(behave, prox, valid, 0.04))
     for k, v in stats_plain.items():
         assert stats_adv[k] == v, k
     assert "m2po/trust_region_fraction" in stats_adv
@@ -165,9 +150,9 @@ def test_bad_input_is_refused_with_the_culprit_named():
     valid = torch.ones(1, 3, dtype=torch.bool)
     adv = torch.tensor([[1.0, math.nan, 0.0]])
     with pytest.raises(ValueError, match="advantages has 1 non-finite"):
-        m2po_mask_and_stats(behave, prox, valid, 0.04, advantages=adv, token_set="trust_region")
+        m2po_mask(behave, prox, valid, 0.04, advantages=adv, token_set="trust_region")
     # NaN outside the valid tokens is ignored
-    keep, _ = m2po_mask_and_stats(
+    keep, _ = m2po_mask(
         behave,
         prox,
         torch.tensor([[True, False, True]]),
@@ -177,11 +162,11 @@ def test_bad_input_is_refused_with_the_culprit_named():
     )
     assert keep.tolist() == [[True, False, True]]
     with pytest.raises(ValueError, match="needs the advantages"):
-        m2po_mask_and_stats(behave, prox, valid, 0.04, token_set="trust_region")
+        m2po_mask(behave, prox, valid, 0.04, token_set="trust_region")
     with pytest.raises(ValueError, match="token_set must be one of"):
         m2po_candidates("quadrants", behave, prox, valid, torch.zeros(1, 3))
     with pytest.raises(ValueError, match="prox_logp has 1 non-finite"):
-        m2po_mask_and_stats(
+        m2po_mask(
             behave,
             torch.tensor([[0.0, math.inf, 0.0]]),
             valid,

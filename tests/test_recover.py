@@ -327,7 +327,7 @@ def test_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch, capsys)
     from areal_m2po.trainer.ppo.actor import PPOActor
 
     bad_versions = {1, 3, 4}  # engine.version is the 0-based step index
-    real = PPOActor._loss_fn
+    real = PPOActor._microbatch_loss
 
     def nan_loss(self, logp, entropy, mb, step_in_update):
         loss, stats = real(self, logp, entropy, mb, step_in_update)
@@ -335,7 +335,7 @@ def test_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch, capsys)
             loss = loss * float("nan")
         return loss, stats
 
-    monkeypatch.setattr(PPOActor, "_loss_fn", nan_loss)
+    monkeypatch.setattr(PPOActor, "_microbatch_loss", nan_loss)
     cfg = make_cfg(tmp_path, steps=8, staleness=0)
     cfg.actor.max_consecutive_skipped_steps = 2
     assert run_cfg(cfg) == 1
@@ -347,7 +347,7 @@ def test_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch, capsys)
     root = recover.recover_root(cfg.output_dir)
     assert [s for s, _ in recover.list_checkpoints(root)] == [1, 3]  # none after a bad step
     # the last good checkpoint is intact: a rerun without the fault continues from step 3
-    monkeypatch.setattr(PPOActor, "_loss_fn", real)
+    monkeypatch.setattr(PPOActor, "_microbatch_loss", real)
     cfg.total_train_steps = 4
     assert run_cfg(cfg) == 0
     records = read_metrics(cfg.output_dir)

@@ -1,4 +1,4 @@
-"""Bradley-Terry reward-model maths (areal_m2po.utils.reward_model_loss) against hand-derived
+"""Bradley-Terry reward-model maths (areal_m2po.algo.bradley_terry) against hand-derived
 numbers and torch.autograd.gradcheck in float64."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from areal_m2po.utils.reward_model_loss import (
+from areal_m2po.algo.bradley_terry import (
     bradley_terry_loss,
     last_token_index,
     pairwise_accuracy,

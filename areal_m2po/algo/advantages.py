@@ -1,302 +1,180 @@
-"""Reward and advantage maths: reward shaping, the DAPO overlong penalty, KL estimators,
-group / token-level normalisation and GAE.
+"""Advantage estimators: the contract of the ``actor.adv_estimator`` seam and the built-ins
+(``grpo``, ``gae``, ``rloo``, ``reinforce_pp``), with GAE itself.
 
-Conventions: per-token tensors are padded 2-D ``[B, T]`` (``B`` sequences, ``T`` positions)
-unless a docstring says otherwise; ``loss_mask`` is a ``torch.bool`` ``[B, T]`` tensor, True on
-generated tokens that count ("valid" tokens); log-probs are in nats, aligned to their token, and
-arbitrary at masked positions (never read unmasked).
+An estimator maps :class:`AdvantageInputs` (each row's shaped score, the per-token KL penalty,
+the critic's values, ...) to ``(advantages, returns)``:
 
-The module imports only torch, the standard library, the choice lists of
-:mod:`areal_m2po.api.cli_args` and the other pure-maths modules of ``areal_m2po.utils``, keeps no state and has no import-time side effects.
+* ``advantages``: float ``[B]`` (one advantage per sequence, carried by each of its valid
+  tokens; ``actor.adv_norm`` then weighs rows by ``actor.adv_norm_weighting``) or float
+  ``[B, T]`` (per token; ``actor.adv_norm`` is token-weighted), in reward units;
+* ``returns``: float ``[B, T]`` value targets of the critic, or None (the advantages).
+
+The built-ins (:data:`ADV_ESTIMATORS`), for scores ``r_i`` of a group ``g`` of ``G``
+consecutive rows (the samples of one prompt):
+
+* :func:`grpo_advantages`: ``A_i = r_i`` per sequence; the group normalisation is
+  ``actor.adv_norm`` (default: group mean and std, GRPO).
+* :func:`gae_advantages`: token rewards (the KL penalty, the score on the last valid token)
+  through GAE with the critic's values (zeros without a critic: discounted REINFORCE).
+* :func:`rloo_advantages`: ``A_i = r_i - mean_{j in g, j != i} r_j`` (RLOO's leave-one-out
+  baseline, Ahmadian et al. 2024; ``G >= 2``).
+* :func:`reinforce_pp_advantages`: REINFORCE++ with baseline as verl defines it
+  (``reinforce_plus_plus_baseline``): ``c_i = r_i - mean_g r`` (0 baseline for a group of
+  one), carried by every valid token, then whitened over all valid tokens of the batch:
+  ``(c - mean) / sqrt(var + 1e-8)`` with the unbiased token variance.
+
+Per-token tensors are ``[B, T]`` with a ``torch.bool`` ``loss_mask``. The module imports only
+torch, the standard library, the built-ins' names (``ADV_ESTIMATORS``) of
+:mod:`areal_m2po.api.cli_args` and the other modules of :mod:`areal_m2po.algo`; it keeps no
+state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from areal_m2po.api.cli_args import KL_ESTIMATORS, NORM_LEVELS
-from areal_m2po.utils.checks import check_bool_mask as _check_bool_mask
-from areal_m2po.utils.checks import check_choice as _check_choice
-from areal_m2po.utils.checks import check_real as _check_real
-from areal_m2po.utils.checks import check_same_shape as _check_same_shape
-from areal_m2po.utils.checks import check_tensor as _check_tensor
-from areal_m2po.utils.reductions import compute_dtype
+from areal_m2po.algo.checks import check_bool_mask, check_real, check_same_shape, check_tensor
+from areal_m2po.algo.reductions import compute_dtype
+from areal_m2po.api.cli_args import ADV_ESTIMATORS
 
 __all__ = [
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "builtin_estimator",
     "gae_advantages",
-    "group_normalize",
-    "kl_estimate",
-    "masked_normalize",
-    "overlong_reward_penalty",
-    "reward_transform",
+    "grpo_advantages",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
 ]
 
+WHITEN_EPS = 1e-8
+"""Added to the variance before the square root in REINFORCE++'s whitening (verl's)."""
 
-def kl_estimate(
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor,
-    estimator: str = "k1",
-    clamp: float | None = None,
-) -> torch.Tensor:
-    """Per-token KL estimators (Schulman's k1/k2/k3) of KL(p || ref) from samples of p.
 
-    With ``d = logprobs - ref_logprobs`` (nats): k1 = d; k2 = d^2 / 2;
-    k3 = exp(-d) - 1 + d (= exp(ref - logp) - 1 - (ref - logp), always >= 0).
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator gets for one rank's batch of ``B`` rows padded to ``T``.
 
-    Args:
-        logprobs, ref_logprobs: float ``[B, T]`` (any equal shapes).
-        estimator: "k1" | "k2" | "k3".
-        clamp: if set (> 0), each estimate is clamped to ``[-clamp, clamp]`` (AReaL's KL
-            reward uses 10).
-    Returns:
-        ``[B, T]`` tensor of the promoted float dtype.
+    Attributes:
+        scores: float32 ``[B]``, each row's score after reward shaping (overlong penalty,
+            ``reward_scaling``/``bias``/``clip``, ``reward_norm``, ``mask_no_eos_with_zero``).
+        loss_mask: bool ``[B, T]``, the generated tokens that count.
+        group_size: rows per prompt; groups are consecutive rows (1 when the batch's rows do
+            not form whole groups).
+        token_rewards: float32 ``[B, T]``, the per-token reward besides the score (the KL
+            penalty ``-kl_ctl * KL``, 0 outside ``loss_mask``), or None without one.
+        values: float32 ``[B, T]``, the critic's values at step start, or None without a critic.
+        discount, gae_lambda: GAE's gamma and lambda.
+        batch_sum: sums a float64 tensor over the shards of a batch split across processes (an
+            all-reduce), so batch statistics cover the global batch; None: this is the batch.
     """
-    _check_tensor("logprobs", logprobs, floating=True)
-    _check_tensor("ref_logprobs", ref_logprobs, floating=True)
-    _check_same_shape("logprobs", logprobs, ref_logprobs=ref_logprobs)
-    _check_choice("estimator", estimator, KL_ESTIMATORS)
-    bound = None
-    if clamp is not None:
-        bound = _check_real("clamp", clamp)
-        if not bound > 0:
-            raise ValueError(f"clamp must be > 0, got {bound}")
-    d = logprobs - ref_logprobs
-    if estimator == "k1":
-        kl = d
-    elif estimator == "k2":
-        kl = 0.5 * d * d
-    else:
-        kl = torch.expm1(-d) + d
-    return kl if bound is None else kl.clamp(min=-bound, max=bound)
+
+    scores: torch.Tensor
+    loss_mask: torch.Tensor
+    group_size: int = 1
+    token_rewards: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    discount: float = 1.0
+    gae_lambda: float = 1.0
+    batch_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-def reward_transform(
-    rewards: torch.Tensor,
-    scaling: float = 1.0,
-    bias: float = 0.0,
-    clip: float | None = None,
-) -> torch.Tensor:
-    """AReaL's reward shaping: ``clamp((rewards + bias) * scaling, -clip, clip)``.
-
-    Args:
-        rewards: float ``[B]`` sequence rewards.
-        scaling, bias: affine transform (bias is added BEFORE scaling, as in AReaL).
-        clip: symmetric clip bound (> 0); None disables clipping.
-    Returns:
-        float ``[B]`` (new tensor).
-    """
-    _check_tensor("rewards", rewards, floating=True)
-    out = (rewards + _check_real("bias", bias)) * _check_real("scaling", scaling)
-    if clip is not None:
-        c = _check_real("clip", clip)
-        if not c > 0:
-            raise ValueError(f"clip must be > 0, got {c}")
-        out = out.clamp(min=-c, max=c)
-    return out
+AdvantageEstimator = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
+"""``(inputs) -> (advantages, returns)``; see the module docstring for the shapes."""
 
 
-def overlong_reward_penalty(
-    rewards: torch.Tensor,
-    completion_lengths: torch.Tensor,
-    overlong_tokens: int,
-    overlong_penalty_factor: float,
-    max_new_tokens: int,
-) -> torch.Tensor:
-    """DAPO soft overlong punishment.
+def _grouped(inputs: AdvantageInputs, name: str, min_size: int = 1) -> torch.Tensor:
+    """The scores as float64 ``[B // G, G]`` (one row per group), checked."""
+    scores = check_tensor("scores", inputs.scores, floating=True)
+    if scores.ndim != 1:
+        raise ValueError(f"{name}: scores must be 1-D [B], got shape {tuple(scores.shape)}")
+    size = inputs.group_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < min_size:
+        raise ValueError(f"{name}: group_size must be an int >= {min_size}, got {size!r}")
+    if scores.numel() % size:
+        raise ValueError(f"{name}: {scores.numel()} rows do not form groups of {size}")
+    return scores.detach().to(torch.float64).view(-1, size)
 
-    With ``expected = max_new_tokens - overlong_tokens`` and
-    ``exceed = length - expected``, the penalty is
-    ``min(-exceed / overlong_tokens * overlong_penalty_factor, 0)``: zero up to ``expected``
-    tokens, then linear down to ``-overlong_penalty_factor`` at ``max_new_tokens``.
 
-    Args:
-        rewards: float ``[B]``.
-        completion_lengths: ``[B]`` number of generated tokens per sequence (int or float).
-        overlong_tokens: length of the soft-punishment zone (0 < overlong_tokens <= max_new_tokens).
-        overlong_penalty_factor: maximal penalty (>= 0).
-        max_new_tokens: generation budget.
-    Returns:
-        float ``[B]`` = rewards + penalty (new tensor).
-    """
-    _check_tensor("rewards", rewards, floating=True)
-    _check_tensor("completion_lengths", completion_lengths)
-    _check_same_shape("rewards", rewards, completion_lengths=completion_lengths)
-    if not isinstance(overlong_tokens, int) or isinstance(overlong_tokens, bool):
-        raise TypeError(f"overlong_tokens must be an int, got {type(overlong_tokens).__name__}")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
-    if not 0 < overlong_tokens <= max_new_tokens:
+def _outcome_only(inputs: AdvantageInputs, name: str) -> None:
+    if inputs.token_rewards is not None:
         raise ValueError(
-            f"overlong_tokens must be in (0, max_new_tokens={max_new_tokens}], got {overlong_tokens}"
+            f"{name} takes one score per sequence; per-token rewards (the KL penalty) need gae"
         )
-    factor = _check_real("overlong_penalty_factor", overlong_penalty_factor)
-    if factor < 0:
-        raise ValueError(f"overlong_penalty_factor must be >= 0, got {factor}")
-    expected = max_new_tokens - overlong_tokens
-    exceed = completion_lengths.to(rewards.dtype) - expected
-    penalty = (-exceed / overlong_tokens * factor).clamp(max=0.0)
-    return rewards + penalty
 
 
-def _check_norm_args(
-    mean_level: str | None,
-    std_level: str | None,
-    group_size: int | None,
-    batch: int,
-    mean_leave1out: bool,
-) -> int | None:
-    _check_choice("mean_level", mean_level, NORM_LEVELS)
-    _check_choice("std_level", std_level, NORM_LEVELS)
-    if mean_leave1out and mean_level is None:
-        raise ValueError("mean_leave1out=True requires mean_level 'batch' or 'group'")
-    if "group" in (mean_level, std_level):
-        if group_size is None or isinstance(group_size, bool) or not isinstance(group_size, int):
-            raise ValueError(
-                f"group_size must be a positive int for group level, got {group_size!r}"
-            )
-        if group_size <= 0:
-            raise ValueError(f"group_size must be a positive int, got {group_size}")
-        if batch % group_size != 0:
-            raise ValueError(f"batch size {batch} is not divisible by group_size {group_size}")
-    return group_size
+def grpo_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """GRPO: each row's score is its advantage (``[B]``); ``actor.adv_norm`` normalises it
+    within the group. Raises ValueError with per-token rewards."""
+    _outcome_only(inputs, "grpo")
+    return check_tensor("scores", inputs.scores, floating=True), None
 
 
-def group_normalize(
-    x: torch.Tensor,
-    mean_level: str | None = "group",
-    std_level: str | None = "group",
-    group_size: int | None = None,
-    mean_leave1out: bool = False,
-    std_unbiased: bool = True,
-    eps: float = 1e-5,
-) -> torch.Tensor:
-    """GRPO/RLOO-style normalisation of per-sequence scalars.
+def rloo_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """RLOO: ``A_i = r_i - (sum_g r - r_i) / (G - 1)``, ``[B]`` (computed in float64, returned
+    in the scores' dtype). Raises ValueError for ``G < 2`` or per-token rewards."""
+    _outcome_only(inputs, "rloo")
+    x = _grouped(inputs, "rloo", min_size=2)
+    baseline = (x.sum(dim=1, keepdim=True) - x) / (x.shape[1] - 1)
+    return (x - baseline).reshape(-1).to(inputs.scores.dtype), None
 
-    Groups are consecutive blocks of ``group_size`` sequences (the samples of one prompt).
-    ``out = (x - mean) / (std + eps)``; ``mean_level=None`` skips centring,
-    ``std_level=None`` skips scaling (and ``eps``). ``mean_leave1out`` uses, for each
-    element, the mean of the OTHER elements of its batch/group (RLOO baseline). ``std`` is
-    the spread at ``std_level`` of the centred values ``c = x - mean`` around 0,
-    ``sqrt(sum c^2 / (n - 1))`` (unbiased by default; ``n`` in the denominator otherwise; 0
-    when a level has a single element), as AReaL computes it: with equal levels and a plain
-    mean this is the usual std of ``x``; without centring it is the root mean square of ``x``;
-    with a group mean and a batch std it is the pooled within-group spread.
 
-    Args:
-        x: float ``[B]``.
-        group_size: required when a level is "group"; ``B % group_size`` must be 0.
-    Returns:
-        float ``[B]`` of ``x``'s dtype (computed in float64).
+def reinforce_pp_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """REINFORCE++ with baseline (verl's ``reinforce_plus_plus_baseline``), ``[B, T]``.
+
+    ``c_i = r_i - mean_g r`` (a group of one keeps ``r_i``), on each valid token of row ``i``,
+    whitened over the valid tokens of the whole batch (all ranks with ``batch_sum``):
+    ``(c - m) / sqrt(v + 1e-8)``, ``m`` the token mean and ``v`` the unbiased token variance
+    (0 with fewer than two tokens); 0 outside ``loss_mask``.
     """
-    _check_tensor("x", x, floating=True)
-    if x.ndim != 1:
-        raise ValueError(f"x must be 1-D [B], got shape {tuple(x.shape)}")
-    batch = x.shape[0]
-    gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
-    if batch == 0:
-        return x.clone()
-    gsz = gs if gs is not None else batch
-    x64 = x.detach().to(torch.float64)
-
-    def _view(level: str) -> torch.Tensor:
-        size = batch if level == "batch" else gsz
-        return x64.view(batch // size, size)
-
-    out = x64
-    if mean_level is not None:
-        v = _view(mean_level)
-        n = v.shape[1]
-        s = v.sum(dim=1, keepdim=True)
-        if mean_leave1out:
-            if n < 2:
-                raise ValueError("mean_leave1out needs at least 2 elements per batch/group")
-            mean = (s - v) / (n - 1)
-        else:
-            mean = s / n
-        out = (v - mean).reshape(batch)
-    if std_level is not None:
-        # the spread of the centred values (as AReaL): around the mean actually subtracted
-        size = batch if std_level == "batch" else gsz
-        dev = out.view(batch // size, size)
-        n = size
-        denom = n - 1 if std_unbiased else n
-        var = (
-            (dev * dev).sum(dim=1, keepdim=True) / denom
-            if denom > 0
-            else torch.zeros_like(dev[:, :1])
+    _outcome_only(inputs, "reinforce_pp")
+    x = _grouped(inputs, "reinforce_pp")
+    mask = check_bool_mask("loss_mask", inputs.loss_mask)
+    if mask.ndim != 2 or mask.shape[0] != inputs.scores.shape[0]:
+        raise ValueError(
+            f"reinforce_pp: loss_mask must be [B, T] with B={inputs.scores.shape[0]} rows, "
+            f"got {tuple(mask.shape)}"
         )
-        std = var.sqrt().expand_as(dev).reshape(batch)
-        out = out / (std + eps)
-    return out.to(x.dtype)
+    centred = (x - x.mean(dim=1, keepdim=True)) if x.shape[1] > 1 else x
+    tok = torch.where(mask, centred.reshape(-1, 1), 0.0)
+    total = inputs.batch_sum or (lambda t: t)
+    n, s = total(torch.stack([mask.sum().to(torch.float64), tok.sum()])).unbind()
+    mean = s / n.clamp(min=1)
+    dev = torch.where(mask, tok - mean, 0.0)
+    ss = total((dev * dev).sum())
+    var = torch.where(n > 1, ss / (n - 1).clamp(min=1), torch.zeros_like(ss))
+    adv = torch.where(mask, dev * torch.rsqrt(var + WHITEN_EPS), 0.0)
+    return adv.to(inputs.scores.dtype), None
 
 
-def masked_normalize(
-    x: torch.Tensor,
-    mask: torch.Tensor,
-    mean_level: str | None = "batch",
-    std_level: str | None = "batch",
-    group_size: int | None = None,
-    mean_leave1out: bool = False,
-    std_unbiased: bool = True,
-    eps: float = 1e-5,
-    batch_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Token-level variant of :func:`group_normalize` (e.g. ``adv_norm`` on token advantages).
+def _gae_estimator(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``gae`` built-in: the KL penalty plus the score on each row's last valid token,
+    through :func:`gae_advantages` with the critic's values (zeros without a critic)."""
+    mask = check_bool_mask("loss_mask", inputs.loss_mask)
+    mask_f = mask.float()
+    rewards = torch.zeros_like(mask_f) if inputs.token_rewards is None else inputs.token_rewards
+    last = (mask.long().cumsum(-1) == mask.sum(-1, keepdim=True)) & mask
+    rewards = rewards + inputs.scores[:, None] * last.float()
+    values = torch.zeros_like(mask_f) if inputs.values is None else inputs.values
+    return gae_advantages(rewards, values, mask, inputs.discount, inputs.gae_lambda)
 
-    Statistics are taken over the valid tokens of the whole batch ("batch") or of the
-    group's ``group_size`` consecutive sequences ("group"). Leave-one-out excludes the token
-    itself. The std is that of the centred values around 0, as in :func:`group_normalize`.
-    Positions outside ``mask`` are 0 in the output.
 
-    Args:
-        x: float ``[B, T]``; mask: bool ``[B, T]``.
-        batch_sum: sums a 0-dim float64 tensor over the shards of a batch split across
-            processes (e.g. an all-reduce), so "batch" statistics cover the global batch;
-            None = this tensor is the whole batch.
-    Returns:
-        float ``[B, T]`` of ``x``'s dtype (computed in float64).
-    """
-    _check_tensor("x", x, floating=True)
-    _check_bool_mask("mask", mask)
-    _check_same_shape("x", x, mask=mask)
-    if x.ndim != 2:
-        raise ValueError(f"x must be 2-D [B, T], got shape {tuple(x.shape)}")
-    batch = x.shape[0]
-    gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
-    if x.numel() == 0:
-        return torch.zeros_like(x)
-    gsz = gs if gs is not None else batch
-    x64 = torch.where(mask, x.detach().to(torch.float64), 0.0)
-    cnt_row = mask.sum(dim=1).to(torch.float64)
-    sum_row = x64.sum(dim=1)
+_BUILTINS: dict[str, AdvantageEstimator] = {
+    "grpo": grpo_advantages,
+    "gae": _gae_estimator,
+    "rloo": rloo_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+}
 
-    def _pool(row_stat: torch.Tensor, level: str) -> torch.Tensor:
-        """Pool a per-row statistic over the level, broadcast back to [B, 1]."""
-        if level == "batch":
-            total = row_stat.sum() if batch_sum is None else batch_sum(row_stat.sum())
-            return total.expand(batch).unsqueeze(1)
-        return row_stat.view(-1, gsz).sum(dim=1).repeat_interleave(gsz).unsqueeze(1)
 
-    out = x64
-    if mean_level is not None:
-        s = _pool(sum_row, mean_level)
-        n = _pool(cnt_row, mean_level)
-        if mean_leave1out:
-            mean = (s - x64) / (n - 1).clamp(min=1)
-        else:
-            mean = s / n.clamp(min=1)
-        out = x64 - mean
-    if std_level is not None:
-        # the spread of the centred values (as AReaL): around the mean actually subtracted
-        n = _pool(cnt_row, std_level)
-        dev = torch.where(mask, out, 0.0)
-        ss = _pool((dev * dev).sum(dim=1), std_level)
-        denom = (n - 1) if std_unbiased else n
-        var = torch.where(denom > 0, ss / denom.clamp(min=1), torch.zeros_like(ss))
-        out = out / (var.sqrt() + eps)
-    return torch.where(mask, out, 0.0).to(x.dtype)
+def builtin_estimator(name: str) -> AdvantageEstimator:
+    """The built-in estimator called ``name`` (one of :data:`ADV_ESTIMATORS`)."""
+    if name not in _BUILTINS:
+        raise ValueError(f"unknown advantage estimator {name!r}; built-ins: {ADV_ESTIMATORS}")
+    return _BUILTINS[name]
 
 
 @torch.no_grad()
@@ -319,14 +197,14 @@ def gae_advantages(
     Returns:
         ``(advantages, returns)`` float ``[B, T]``, 0 outside ``loss_mask``; not differentiable.
     """
-    _check_tensor("token_rewards", token_rewards, floating=True)
-    _check_tensor("values", values, floating=True)
-    _check_bool_mask("loss_mask", loss_mask)
-    _check_same_shape("loss_mask", loss_mask, token_rewards=token_rewards, values=values)
+    check_tensor("token_rewards", token_rewards, floating=True)
+    check_tensor("values", values, floating=True)
+    check_bool_mask("loss_mask", loss_mask)
+    check_same_shape("loss_mask", loss_mask, token_rewards=token_rewards, values=values)
     if loss_mask.ndim != 2:
         raise ValueError(f"loss_mask must be 2-D [B, T], got shape {tuple(loss_mask.shape)}")
-    gamma = _check_real("discount", discount)
-    lam = _check_real("gae_lambda", gae_lambda)
+    gamma = check_real("discount", discount)
+    lam = check_real("gae_lambda", gae_lambda)
     dtype = compute_dtype(token_rewards, values)
     r = torch.where(loss_mask, token_rewards.to(dtype), 0.0)
     v = torch.where(loss_mask, values.to(dtype), 0.0)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.utils.checks import (
+from areal_m2po.algo.checks import (
     check_bool_mask,
     check_choice,
     check_real,
@@ -50,12 +50,12 @@ from areal_m2po.utils.checks import (
 
 __all__ = [
     "TOKEN_SETS",
-    "apply_m2po_masking",
     "check_m2_threshold",
     "m2_per_token",
     "m2po_candidates",
     "m2po_keep_mask",
-    "m2po_mask_and_stats",
+    "m2po_mask",
+    "m2po_mask_of_m2",
     "m2po_stats",
     "trust_region_tokens",
 ]
@@ -80,12 +80,12 @@ def check_m2_threshold(m2_threshold: Any) -> float:
 
 
 def m2_per_token(
-    old_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor
+    behave_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Per-token second moment ``(old_logp - prox_logp)^2``, checked.
+    """Per-token second moment ``(behave_logp - prox_logp)^2``, checked.
 
     Args:
-        old_logp: float ``[B, T]`` behaviour log-probs (nats), recorded at generation.
+        behave_logp: float ``[B, T]`` behaviour log-probs (nats), recorded at generation.
         prox_logp: float ``[B, T]`` proximal log-probs (nats), recomputed at step start.
         loss_mask: bool ``[B, T]``, True on valid tokens.
     Returns:
@@ -97,17 +97,17 @@ def m2_per_token(
             tensor and the count); a square that overflows float64.
     """
     check_bool_mask("loss_mask", loss_mask)
-    check_tensor("old_logp", old_logp, floating=True)
+    check_tensor("behave_logp", behave_logp, floating=True)
     check_tensor("prox_logp", prox_logp, floating=True)
-    check_same_shape("old_logp", old_logp, prox_logp=prox_logp, loss_mask=loss_mask)
-    d = old_logp.detach().to(torch.float64) - prox_logp.detach().to(torch.float64)
+    check_same_shape("behave_logp", behave_logp, prox_logp=prox_logp, loss_mask=loss_mask)
+    d = behave_logp.detach().to(torch.float64) - prox_logp.detach().to(torch.float64)
     m2 = torch.where(loss_mask, d * d, torch.zeros((), dtype=torch.float64, device=d.device))
     if not bool(torch.isfinite(m2).all()):
-        for name, t in (("old_logp", old_logp), ("prox_logp", prox_logp)):
+        for name, t in (("behave_logp", behave_logp), ("prox_logp", prox_logp)):
             n_bad = int((~torch.isfinite(t.detach()) & loss_mask).sum())
             if n_bad:
                 raise ValueError(f"{name} has {n_bad} non-finite values at loss_mask positions")
-        raise ValueError("(old_logp - prox_logp)^2 overflows float64 at loss_mask positions")
+        raise ValueError("(behave_logp - prox_logp)^2 overflows float64 at loss_mask positions")
     return m2
 
 
@@ -281,11 +281,11 @@ def m2po_keep_mask(m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
 
 
 def _keep_on_grid(
-    m2: torch.Tensor, loss_mask: torch.Tensor, thr: float, candidates: torch.Tensor | None = None
+    m2: torch.Tensor, loss_mask: torch.Tensor, thr: float, candidates: torch.Tensor
 ) -> torch.Tensor:
-    """:func:`m2po_keep_mask` of ``m2[candidates]`` scattered back onto the ``[B, T]`` grid;
-    valid tokens outside ``candidates`` (default: ``loss_mask``) are kept."""
-    cand = loss_mask if candidates is None else candidates & loss_mask
+    """:func:`m2po_keep_mask` of ``m2[candidates]`` scattered back onto ``loss_mask``'s grid;
+    valid tokens outside ``candidates`` are kept, everything outside ``loss_mask`` is False."""
+    cand = candidates & loss_mask
     out = loss_mask & ~cand
     values = m2[cand]
     if values.numel():
@@ -293,31 +293,8 @@ def _keep_on_grid(
     return out
 
 
-def apply_m2po_masking(
-    old_logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    loss_mask: torch.Tensor,
-    m2_threshold: float,
-) -> torch.Tensor:
-    """AReaL-compatible ``_apply_m2po_masking``: the M2PO-filtered loss mask of one batch.
-
-    Args:
-        old_logp: float ``[B, T]`` behaviour log-probs recorded at generation.
-        prox_logp: float ``[B, T]`` proximal log-probs recomputed at step start.
-        loss_mask: bool ``[B, T]`` valid tokens.
-        m2_threshold: finite float > 0.
-    Returns:
-        bool ``[B, T]``: :func:`m2po_keep_mask` of the valid tokens' :func:`m2_per_token`
-        (row-major order), False outside ``loss_mask`` (all False without valid tokens).
-    Raises:
-        the errors of :func:`m2_per_token` and :func:`check_m2_threshold`.
-    """
-    thr = check_m2_threshold(m2_threshold)
-    return _keep_on_grid(m2_per_token(old_logp, prox_logp, loss_mask), loss_mask, thr)
-
-
-def m2po_mask_and_stats(
-    old_logp: torch.Tensor,
+def m2po_mask(
+    behave_logp: torch.Tensor,
     prox_logp: torch.Tensor,
     loss_mask: torch.Tensor,
     m2_threshold: float,
@@ -327,15 +304,57 @@ def m2po_mask_and_stats(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The M2PO keep mask of one batch and its :func:`m2po_stats`, m2 computed once.
 
-    Same arguments and errors as :func:`apply_m2po_masking`, plus ``advantages`` (float
-    ``[B, T]``; needed by ``token_set="trust_region"``, and, when given, adds the quadrant
-    statistics) and ``token_set`` (one of :data:`TOKEN_SETS`). Returns ``(keep, stats)``.
+    Args:
+        behave_logp: float ``[B, T]`` behaviour log-probs recorded at generation.
+        prox_logp: float ``[B, T]`` proximal log-probs recomputed at step start.
+        loss_mask: bool ``[B, T]`` valid tokens.
+        m2_threshold: finite float > 0.
+        advantages: float ``[B, T]``; needed by ``token_set="trust_region"`` and, when given,
+            adds the quadrant statistics.
+        token_set: one of :data:`TOKEN_SETS`.
+    Returns:
+        ``(keep, stats)``: bool ``[B, T]``, the rule over the candidates' :func:`m2_per_token`
+        (row-major order), True on the valid non-candidates, False outside ``loss_mask``; and
+        the float32 :func:`m2po_stats`.
+    Raises:
+        the errors of :func:`m2_per_token`, :func:`trust_region_tokens` and
+        :func:`check_m2_threshold`.
     """
     thr = check_m2_threshold(m2_threshold)
-    m2 = m2_per_token(old_logp, prox_logp, loss_mask)
-    in_region, candidates = m2po_candidates(token_set, old_logp, prox_logp, loss_mask, advantages)
+    m2 = m2_per_token(behave_logp, prox_logp, loss_mask)
+    in_region, candidates = m2po_candidates(
+        token_set, behave_logp, prox_logp, loss_mask, advantages
+    )
+    return m2po_mask_of_m2(m2, loss_mask, thr, candidates, in_region=in_region)
+
+
+def m2po_mask_of_m2(
+    m2: torch.Tensor,
+    loss_mask: torch.Tensor,
+    m2_threshold: float,
+    candidates: torch.Tensor,
+    *,
+    in_region: torch.Tensor | None = None,
+    stats_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The second half of :func:`m2po_mask`, for callers that hold the m2 values already
+    (e.g. gathered from every rank as 1-D vectors): the keep mask and :func:`m2po_stats`.
+
+    Args:
+        m2: float ``[...]`` per-token m2 (nats^2), finite on ``loss_mask``.
+        loss_mask, candidates: bool, ``m2``'s shape (:func:`m2po_candidates`).
+        m2_threshold: finite float > 0.
+        in_region: optional bool, ``m2``'s shape (:func:`trust_region_tokens`).
+        stats_dtype: dtype of the returned statistics.
+    """
+    thr = check_m2_threshold(m2_threshold)
     keep = _keep_on_grid(m2, loss_mask, thr, candidates)
-    return keep, m2po_stats(m2, loss_mask, keep, thr, in_region=in_region)
+    return keep, m2po_stats(m2, loss_mask, keep, thr, in_region=in_region, dtype=stats_dtype)
+
+
+def _mean(values: torch.Tensor) -> torch.Tensor:
+    """The mean of a float64 vector; 0 when empty."""
+    return values.mean() if values.numel() else torch.zeros((), dtype=values.dtype)
 
 
 def m2po_stats(
@@ -345,16 +364,20 @@ def m2po_stats(
     m2_threshold: float,
     *,
     in_region: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
-    """M2PO diagnostics for one (micro-)batch.
+    """M2PO diagnostics for one (micro-)batch, computed in float64.
 
     Args:
-        m2: float ``[B, T]`` per-token second moment (values outside ``loss_mask`` ignored).
-        loss_mask: bool ``[B, T]`` valid tokens; keep_mask: bool ``[B, T]`` M2PO keep mask.
+        m2: float ``[B, T]`` (or any shape) per-token second moment (values outside
+            ``loss_mask`` ignored).
+        loss_mask: bool, ``m2``'s shape, valid tokens; keep_mask: bool M2PO keep mask.
         m2_threshold: the threshold used.
-        in_region: optional bool ``[B, T]``, the :func:`trust_region_tokens`.
+        in_region: optional bool, the :func:`trust_region_tokens`.
+        dtype: dtype of the returned values (float32 for the loss path's stats; float64 keeps
+            the exact means).
     Returns:
-        Detached 0-dim float32 tensors: ``m2po/masked_fraction`` (masked / valid),
+        Detached 0-dim tensors of ``dtype``: ``m2po/masked_fraction`` (masked / valid),
         ``m2po/m2_before`` (mean m2 over valid), ``m2po/m2_after`` (mean m2 over kept),
         ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid`` (counts); with ``in_region``
         also ``m2po/trust_region_fraction`` (in-quadrant / valid), ``m2po/m2_before_trust_region``
@@ -367,18 +390,14 @@ def m2po_stats(
     check_same_shape("loss_mask", loss_mask, m2=m2, keep_mask=keep_mask)
     thr = check_m2_threshold(m2_threshold)
     m2_64 = m2.detach().to(torch.float64)
-    zero = torch.zeros((), dtype=torch.float64, device=m2.device)
     kept = keep_mask & loss_mask
-    n_valid = loss_mask.sum()
-    n_kept = kept.sum()
-    n_masked = n_valid - n_kept
-    before = torch.where(loss_mask, m2_64, zero).sum() / n_valid.clamp(min=1)
-    after = torch.where(kept, m2_64, zero).sum() / n_kept.clamp(min=1)
+    n_valid = loss_mask.sum().to(torch.float64)
+    n_masked = n_valid - kept.sum().to(torch.float64)
     stats = {
         "m2po/masked_fraction": n_masked / n_valid.clamp(min=1),
-        "m2po/m2_before": before,
-        "m2po/m2_after": after,
-        "m2po/threshold": torch.tensor(thr, device=m2.device),
+        "m2po/m2_before": _mean(m2_64[loss_mask]),
+        "m2po/m2_after": _mean(m2_64[kept]),
+        "m2po/threshold": torch.tensor(thr, dtype=torch.float64),
         "m2po/n_masked": n_masked,
         "m2po/n_valid": n_valid,
     }
@@ -386,13 +405,8 @@ def m2po_stats(
         check_bool_mask("in_region", in_region)
         check_same_shape("loss_mask", loss_mask, in_region=in_region)
         region = in_region & loss_mask
-        region_kept = region & keep_mask
-        n_region, n_region_kept = region.sum(), region_kept.sum()
+        n_region = region.sum().to(torch.float64)
         stats["m2po/trust_region_fraction"] = n_region / n_valid.clamp(min=1)
-        stats["m2po/m2_before_trust_region"] = torch.where(
-            region, m2_64, zero
-        ).sum() / n_region.clamp(min=1)
-        stats["m2po/m2_after_trust_region"] = torch.where(
-            region_kept, m2_64, zero
-        ).sum() / n_region_kept.clamp(min=1)
-    return {k: v.detach().to(torch.float32).reshape(()) for k, v in stats.items()}
+        stats["m2po/m2_before_trust_region"] = _mean(m2_64[region])
+        stats["m2po/m2_after_trust_region"] = _mean(m2_64[region & keep_mask])
+    return {k: v.detach().to(device=m2.device, dtype=dtype).reshape(()) for k, v in stats.items()}

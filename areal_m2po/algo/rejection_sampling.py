@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.api.cli_args import RejectionSamplingConfig
-from areal_m2po.utils.advantages import kl_estimate
 
 __all__ = ["apply_rejection_sampling", "as_rejection_config"]
 
@@ -76,16 +76,17 @@ def apply_rejection_sampling(
     cfg: RejectionSamplingConfig,
     log_w: torch.Tensor,
     cand: torch.Tensor,
-    prox: torch.Tensor,
-    old: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Apply ``cfg`` to the behaviour weights of the candidate tokens.
 
     Args:
         cfg: a validated config (see :func:`as_rejection_config`).
-        log_w: float ``[B, T]`` log behaviour weight ``prox - old``, 0 outside ``cand``.
+        log_w: float ``[B, T]`` log behaviour weight ``prox_logp - behave_logp``, 0 outside ``cand``.
         cand: bool ``[B, T]`` tokens still in the loss (valid and kept by M2PO).
-        prox, old: float ``[B, T]`` proximal / behaviour log-probs (for the KL metrics).
+        prox_logp, behave_logp: float ``[B, T]`` proximal / behaviour log-probs (for the KL
+            metrics).
     Returns:
         ``(keep, w, affected)``: bool ``[B, T]`` keep mask, the float ``[B, T]`` behaviour
         weight to use, and the bool ``[B, T]`` candidate tokens rejected ("mask") or whose
@@ -98,7 +99,7 @@ def apply_rejection_sampling(
     if cfg.metric == "ratio":
         metric = w
     else:
-        metric = torch.where(cand, kl_estimate(prox, old, cfg.metric[3:]), 0.0)
+        metric = torch.where(cand, kl_estimate(prox_logp, behave_logp, cfg.metric[3:]), 0.0)
     if cfg.level == "token":
         if cfg.action == "mask":
             keep = _in_bounds(metric, lower, upper)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from areal_m2po.utils.advantages import group_normalize
+from areal_m2po.algo.normalization import group_normalize
 
 # (hidden, layers, heads, kv heads, intermediate, vocab): Llamas built from a config, saved with
 # the 99-token built-in tokenizer. "135m" is SmolLM2-135M's architecture with random weights (no
