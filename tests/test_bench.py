@@ -1,4 +1,4 @@
-"""scripts/bench.py runs end to end at a toy size and prints its figures (no timing asserted)."""
+"""scripts/bench/bench.py runs end to end at a toy size and prints its figures (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench.py"
 
 
 def test_bench_smoke(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

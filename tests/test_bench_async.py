@@ -1,4 +1,4 @@
-"""scripts/bench_async.py: the interval arithmetic by hand, and a tiny end-to-end smoke run
+"""scripts/bench/bench_async.py: the interval arithmetic by hand, and a tiny end-to-end smoke run
 (figures parse; no timing asserted)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench_async.py"
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_async.py"
 
 
 @pytest.fixture(scope="module")

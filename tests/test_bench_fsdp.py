@@ -1,4 +1,4 @@
-"""scripts/bench_fsdp.py at a toy size: the figures parse and the state is halved by sharding."""
+"""scripts/bench/bench_fsdp.py at a toy size: the figures parse and the state is halved by sharding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_fsdp.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_fsdp.py"
 
 
 def _load():

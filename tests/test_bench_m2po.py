@@ -1,4 +1,4 @@
-"""scripts/bench_m2po.py runs at a toy size; its regimes mask what they claim (no timing
+"""scripts/bench/bench_m2po.py runs at a toy size; its regimes mask what they claim (no timing
 asserted)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_m2po.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_m2po.py"
 
 
 def test_bench_m2po_smoke() -> None:

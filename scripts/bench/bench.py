@@ -2,13 +2,13 @@
 
 Run::
 
-    python scripts/bench.py                      # --sizes 1m,10m --threads 1, ~4 minutes
-    python scripts/bench.py --sizes smollm2 --repeats 3                    # ~20 minutes
-    python scripts/bench.py --device cuda --amp bf16 --sizes 10m,135m     # on a GPU
+    python scripts/bench/bench.py                      # --sizes 1m,10m --threads 1, ~4 minutes
+    python scripts/bench/bench.py --sizes smollm2 --repeats 3                    # ~20 minutes
+    python scripts/bench/bench.py --device cuda --amp bf16 --sizes 10m,135m     # on a GPU
 
 Update timings are this process's CPU time on a CPU (``--clock``), wall time on a GPU.
 
-The figures live in ``scripts/benchlib/`` (``update_step``, ``logprob_memory``, ``rl_step``)
+The figures live in ``scripts/bench/benchlib/`` (``update_step``, ``logprob_memory``, ``rl_step``)
 and share one harness (``benchlib/harness.py``: process set-up, clock, interleaved rounds,
 medians of per-round ratios); the trainer is timed through its step callbacks, never patched.
 
@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also under
 try:
     import areal_m2po  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchlib.harness import Clock, rounded, setup_process  # noqa: E402
 from benchlib.logprob_memory import logprob_memory  # noqa: E402

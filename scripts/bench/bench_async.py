@@ -2,8 +2,8 @@
 
 Run::
 
-    python scripts/bench_async.py                      # the main job's shape, 4 steps per mode
-    python scripts/bench_async.py --tiny --steps 3     # seconds: configs/tiny.yaml
+    python scripts/bench/bench_async.py                      # the main job's shape, 4 steps per mode
+    python scripts/bench/bench_async.py --tiny --steps 3     # seconds: configs/tiny.yaml
 
 It trains the same job for ``--steps`` steps in sync mode (``num_threads`` = trainer + server
 threads, or ``--sync-threads``) and in async mode with one rollout server (``--trainer-threads`` for the trainer,
@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def overlap_seconds(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:

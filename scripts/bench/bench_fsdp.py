@@ -1,7 +1,7 @@
 """FSDP2 against DDP on 2 processes: per-rank state bytes, peak memory and step time.
 
-    python scripts/bench_fsdp.py                       # the figures in docs/performance.md
-    python scripts/bench_fsdp.py --hidden 64 --layers 2 --vocab 512 --seq 16 --steps 1  # toy
+    python scripts/bench/bench_fsdp.py                       # the figures in docs/performance.md
+    python scripts/bench/bench_fsdp.py --hidden 64 --layers 2 --vocab 512 --seq 16 --steps 1  # toy
 
 Each backend runs in its own ``accelerate launch --multi_gpu --num_processes 2`` (gloo on this
 CPU), one after the other, on the same seeded random Llama and the same batch: one warm-up
@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 def _rss_bytes() -> int:

@@ -1,6 +1,6 @@
 """The M2PO mask's share of a PPO update at a realistic size (issue 12: one rule unless > 1%).
 
-Run: ``python scripts/bench_m2po.py [--rows 512] [--cols 8192] [--size 1m] [--device cpu]``
+Run: ``python scripts/bench/bench_m2po.py [--rows 512] [--cols 8192] [--size 1m] [--device cpu]``
 
 * ``mask_ms@REGIME``: ``m2po_mask`` (the mask and its stats: what one M2PO scope computes) on
   ``[rows, cols]`` float32 log-probs, completion lengths uniform in ``[cols/4, cols]``, median
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
     import areal_m2po  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import build_model  # noqa: E402
 
@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--cols", type=int, default=8192)
-    parser.add_argument("--size", default="1m", help="a size of scripts/bench.py (1m, 10m, 135m)")
+    parser.add_argument(
+        "--size", default="1m", help="a size of scripts/bench/bench.py (1m, 10m, 135m)"
+    )
     parser.add_argument("--update-rows", type=int, default=8)
     parser.add_argument("--update-cols", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
