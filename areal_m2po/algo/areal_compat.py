@@ -60,32 +60,13 @@ def ppo_actor_loss_fn(
 
 
 def sapo_loss_fn(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    tau_pos: float,
-    tau_neg: float,
-    loss_mask: torch.Tensor,
-    m2po_mask: torch.Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
-    max_tokens_norm: int | None = None,
-    *,
-    importance_sampling_level: str = "token",
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, *args: Any, **kwargs: Any
 ) -> tuple[torch.Tensor, LossStats]:
     """AReaL's ``sapo_loss_fn``: :func:`~areal_m2po.algo.sapo_loss.sapo_loss` with
-    ``old_logprobs`` the proximal log-probs (the ratio's reference)."""
-    return sapo_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        tau_pos,
-        tau_neg,
-        loss_mask,
-        m2po_mask,
-        loss_agg_mode,
-        max_tokens_norm,
-        importance_sampling_level=importance_sampling_level,
-    )
+    ``old_logprobs`` the proximal log-probs (the ratio's reference); the other arguments
+    (``advantages, tau_pos, tau_neg, loss_mask, m2po_mask, loss_agg_mode, max_tokens_norm``,
+    keyword ``importance_sampling_level``) are ``sapo_loss``'s."""
+    return sapo_loss(logprobs, old_logprobs, *args, **kwargs)
 
 
 ppo_critic_loss_fn = ppo_critic_loss
