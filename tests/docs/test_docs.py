@@ -24,7 +24,7 @@ import torch
 from areal_m2po.api.cli_args import ActorConfig, PPOConfig
 from areal_m2po.api.config_loader import leaf_keys
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
 

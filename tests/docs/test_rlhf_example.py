@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rlhf_reward_model.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlhf_reward_model.py"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _server_pids(parent_pid: int) -> list[int]:
@@ -77,7 +77,9 @@ def _args(run_dir, steps, *extra):
 
 
 def _spawn_trainer(args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "support")])
+    )
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.Popen(
         [sys.executable, "-m", "areal_m2po.train", *args],

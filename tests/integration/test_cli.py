@@ -16,7 +16,7 @@ from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_loader import config_to_yaml, leaf_keys, load_config
 from areal_m2po.train import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")
 
 Argv = list[str] | Callable[[Path], list[str]]

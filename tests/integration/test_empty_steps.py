@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from actors import plain_sgd, tiny_actor
 
 from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec, OptimizerConfig
 from areal_m2po.utils.data import Batch, split_microbatches
@@ -70,7 +71,7 @@ def make_engine(n_mbs: int, packing: bool, opt: OptimizerConfig | None = None):
 
     cfg = ActorConfig(
         path="builtin:tiny",
-        optimizer=opt or OptimizerConfig(type="sgd", lr=1.0, beta1=0.0, gradient_clipping=0.0),
+        optimizer=opt or plain_sgd(),
         mb_spec=MicroBatchSpec(n_mbs=n_mbs, packing=packing),
     )
     return HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=4)
@@ -187,23 +188,16 @@ def actor_batch(actor, masked_rows: list[int], seed: int = 0) -> Batch:
 
 
 def make_actor(n_mbs: int, opt: OptimizerConfig | None = None, **actor_kw):
-    from areal_m2po.trainer.ppo.actor import PPOActor
-
     m2 = {"m2_threshold": 0.04} if "m2_scope" in actor_kw else {}
-    cfg = ActorConfig(
-        path="builtin:tiny",
-        overlong_filtering=True,
-        optimizer=opt or OptimizerConfig(type="sgd", lr=1.0, beta1=0.0, gradient_clipping=0.0),
+    return tiny_actor(
+        4,
+        COMPLETION,
+        total_steps=4,
+        optimizer=opt or plain_sgd(),
         mb_spec=MicroBatchSpec(n_mbs=n_mbs),
         **m2,
         **actor_kw,
     )
-    from accelerate import Accelerator
-
-    from areal_m2po.engine.train_engine import HFTrainEngine
-
-    engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=4)
-    return PPOActor(cfg, engine, group_size=4, max_new_tokens=COMPLETION)
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)
@@ -260,7 +254,7 @@ def test_cli_run_with_truncated_rows(tmp_path, extra):
 
     from areal_m2po.train import main
 
-    tiny = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
     out = tmp_path / "run"
     argv = [
         "--config",

@@ -9,12 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from procs import SUPPORT, read_metrics, subprocess_env
 
 from areal_m2po.api.cli_args import (
     ActorConfig,
@@ -30,9 +30,6 @@ from areal_m2po.api.cli_args import (
     StatsLoggerConfig,
 )
 from areal_m2po.utils import recover
-
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 
 
 @pytest.fixture(autouse=True)
@@ -66,11 +63,6 @@ def make_cfg(tmp_path, name="run", steps=4, staleness=1, **kw) -> PPOConfig:
     return PPOConfig(**fields)
 
 
-def read_metrics(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def run_cfg(cfg) -> int:
     from areal_m2po.trainer.rl_trainer import run
 
@@ -100,13 +92,6 @@ def crash_after_checkpoint(monkeypatch, step: int) -> None:
     monkeypatch.setattr(RLTrainer, "save_checkpoint", save)
 
 
-def subprocess_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 # ------------------------------------------------------------------------------- exact resume
 def test_sigkill_and_rerun_continues_bitwise(tmp_path):
     """4 steps straight == 2 steps, SIGKILL, rerun the same command (recover.mode=auto)."""
@@ -115,7 +100,7 @@ def test_sigkill_and_rerun_continues_bitwise(tmp_path):
     crashed = make_cfg(tmp_path, "crashed", steps=4)
     cfg_file = save_config(crashed, tmp_path / "crashed.yaml")
     proc = subprocess.Popen(  # killed by SIGKILL right after its step-2 checkpoint
-        [sys.executable, str(TESTS / "recover_worker.py"), str(cfg_file), "2"],
+        [sys.executable, str(SUPPORT / "recover_worker.py"), str(cfg_file), "2"],
         env=subprocess_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -355,23 +340,15 @@ def test_consecutive_nonfinite_steps_stop_the_run(tmp_path, monkeypatch, capsys)
     assert records[-1]["actor/skipped_steps"] == 0
 
 
-def hanging_reward(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
-    """Never answers within the test's timeout (the thread finishes later on its own)."""
-    threading.Event().wait(1.5)
-    return 1.0
-
-
 def test_hanging_reward_scores_zero_after_timeout(tmp_path):
     cfg = make_cfg(
         tmp_path,
         steps=1,
         staleness=0,
-        reward=RewardConfig(path="test_recover:hanging_reward", timeout_s=0.2, max_workers=16),
+        reward=RewardConfig(path="toy_rewards:hanging_reward", timeout_s=0.2, max_workers=16),
         recover=RecoverConfig(mode="disabled"),
     )
-    t0 = time.perf_counter()
     assert run_cfg(cfg) == 0
-    assert time.perf_counter() - t0 < 60
     (r,) = read_metrics(cfg.output_dir)
     assert r["reward/n_timeouts"] == 16 and r["reward/mean"] == 0.0
 

@@ -373,7 +373,7 @@ def test_cli_help_print_config_and_errors(capsys, tmp_path: Path):
 def test_docs_list_every_train_rm_key():
     from areal_m2po.api.config_loader import leaf_keys
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     region = text.split("BEGIN GENERATED RW REFERENCE", 1)[1].split("END GENERATED RW", 1)[0]
     missing = [k for k in leaf_keys(RWConfig) if f"| `{k}` |" not in region]
     assert not missing
@@ -505,7 +505,7 @@ def test_shipped_rlhf_configs_load():
     from areal_m2po.api.cli_args import PPOConfig
     from areal_m2po.api.config_loader import config_to_yaml
 
-    configs = Path(__file__).resolve().parents[1] / "configs" / "rlhf"
+    configs = Path(__file__).resolve().parents[2] / "configs" / "rlhf"
     rm = load_config(["--config", str(configs / "reward_model.yaml")], RWConfig)
     assert rm.center_rewards_coefficient == 0.01 and rm.valid_dataset is not None
     ppo = load_config(["--config", str(configs / "ppo.yaml")], PPOConfig)

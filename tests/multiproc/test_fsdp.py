@@ -1,6 +1,6 @@
 """FSDP2 (``backend: fsdp2``): launch checks, a sharded training run, resume after SIGKILL.
 
-The one-update equality of FSDP2 on 2 processes with 1 process is in ``tests/test_multiproc.py``
+The one-update equality of FSDP2 on 2 processes with 1 process is in ``tests/multiproc/test_multiproc.py``
 (``test_one_update_equal_with_one_and_two_processes``).
 """
 
@@ -12,16 +12,16 @@ import sys
 
 import pytest
 import torch
-from test_multiproc import (
+from procs import (
     REPO,
-    TESTS,
+    SUPPORT,
     TIMEOUT_S,
-    _check,
-    _env,
-    _launch,
-    _metrics,
-    _popen,
-    _train_cmd,
+    check_exit,
+    launch_command,
+    popen,
+    read_metrics,
+    subprocess_env,
+    train_command,
 )
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
@@ -93,13 +93,13 @@ def test_fsdp_keys_need_the_fsdp2_backend():
 
 def test_single_process_fsdp2_is_one_line_before_any_model_loads(tmp_path):
     proc = subprocess.run(
-        [sys.executable, *_train_cmd(tmp_path / "run", 1)]
+        [sys.executable, *train_command(tmp_path / "run", 1)]
         + ["actor.backend=fsdp2", "actor.path=/nonexistent/model"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
-        env=_env(),
+        env=subprocess_env(),
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
@@ -116,8 +116,8 @@ def test_sharded_run_keeps_rollout_equal_to_the_gathered_policy(tmp_path):
     weights equal the gathered policy, behaviour log-probs of the next batch equal a forward
     of the sharded policy (1e-4), tokens carry the new version; the HF save loads back."""
     out = tmp_path / "out.pt"
-    worker = str(TESTS / "fsdp_worker.py")
-    _check([_popen([*_launch(2), worker, str(out), str(tmp_path / "run")], tmp_path)])
+    worker = str(SUPPORT / "fsdp_worker.py")
+    check_exit([popen([*launch_command(2), worker, str(out), str(tmp_path / "run")], tmp_path)])
     records = torch.load(out, weights_only=False)
     assert len(records) == 2
     for r in records:
@@ -138,14 +138,14 @@ def test_sharded_sigkill_and_rerun_continues_bitwise(tmp_path):
     extra = ("actor.backend=fsdp2",)
     straight = tmp_path / "straight"
     killed = tmp_path / "killed"
-    cfg = load_config(_train_cmd(killed, 3, *extra)[2:])
+    cfg = load_config(train_command(killed, 3, *extra)[2:])
     save_config(cfg, str(tmp_path / "killed.yaml"))
-    worker = str(TESTS / "recover_worker.py")
+    worker = str(SUPPORT / "recover_worker.py")
     procs = [
-        _popen([*_launch(2), *_train_cmd(straight, 3, *extra)], tmp_path),
-        _popen([*_launch(2), worker, str(tmp_path / "killed.yaml"), "2"], tmp_path),
+        popen([*launch_command(2), *train_command(straight, 3, *extra)], tmp_path),
+        popen([*launch_command(2), worker, str(tmp_path / "killed.yaml"), "2"], tmp_path),
     ]
-    _check(procs[:1])
+    check_exit(procs[:1])
     out, _ = procs[1].communicate(timeout=TIMEOUT_S)
     assert procs[1].returncode != 0 and "SIGKILL" in out, out[-3000:]
     ckpt = killed / "recover" / "step_2"
@@ -158,8 +158,8 @@ def test_sharded_sigkill_and_rerun_continues_bitwise(tmp_path):
     ]
     assert not (killed / "recover" / "step_3").exists()
     # the same command again, 2 processes: continues from step 2
-    _check([_popen([*_launch(2), *_train_cmd(killed, 3, *extra)], tmp_path)])
-    a, b = _metrics(straight), _metrics(killed)
+    check_exit([popen([*launch_command(2), *train_command(killed, 3, *extra)], tmp_path)])
+    a, b = read_metrics(straight), read_metrics(killed)
     assert [r["step"] for r in b] == [1, 2, 3]
 
     def untimed(r: dict) -> dict:
@@ -168,12 +168,12 @@ def test_sharded_sigkill_and_rerun_continues_bitwise(tmp_path):
     assert [untimed(r) for r in a] == [untimed(r) for r in b]
     # another world size: one line, naming the checkpoint and what to do
     proc = subprocess.run(
-        [sys.executable, *_train_cmd(straight, 4)],
+        [sys.executable, *train_command(straight, 4)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
-        env=_env(),
+        env=subprocess_env(),
     )
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]

@@ -12,50 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-from areal_m2po.trainer.launch import cpu_launch_command
+from procs import SUPPORT, TIMEOUT_S, check_exit, launch_command, popen, read_metrics, train_command
 
 pytestmark = pytest.mark.multiproc
-
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-TIMEOUT_S = 300
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _launch(n: int) -> list[str]:
-    """``accelerate launch`` of ``n`` CPU processes (gloo)."""
-    return cpu_launch_command(n)
-
-
-def _check(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        out, _ = p.communicate(timeout=TIMEOUT_S)
-        assert p.returncode == 0, out[-4000:]
-
-
-def _popen(cmd: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def _assert_same_update(a: dict, b: dict) -> None:
@@ -99,13 +62,13 @@ def _assert_same_update(a: dict, b: dict) -> None:
 
 def test_one_update_equal_with_one_and_two_processes(tmp_path):
     """One process, two with DDP and two with FSDP2 (actor.backend=fsdp2) give one update."""
-    worker = str(TESTS / "multiproc_worker.py")
+    worker = str(SUPPORT / "multiproc_worker.py")
     one, ddp, fsdp2 = tmp_path / "one.pt", tmp_path / "ddp.pt", tmp_path / "fsdp2.pt"
-    _check(
+    check_exit(
         [
-            _popen([sys.executable, worker, str(one)], tmp_path),
-            _popen([*_launch(2), worker, str(ddp)], tmp_path),
-            _popen([*_launch(2), worker, str(fsdp2), "fsdp2"], tmp_path),
+            popen([sys.executable, worker, str(one)], tmp_path),
+            popen([*launch_command(2), worker, str(ddp)], tmp_path),
+            popen([*launch_command(2), worker, str(fsdp2), "fsdp2"], tmp_path),
         ]
     )
     a, d, f = (torch.load(p, weights_only=False) for p in (one, ddp, fsdp2))
@@ -123,38 +86,15 @@ def test_one_update_equal_with_one_and_two_processes(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_accumulating_unsharded_grads_gives_the_same_update(tmp_path):
     """actor.fsdp.accumulate_unsharded_grads: one reduce-scatter after the last micro-batch."""
-    worker = str(TESTS / "multiproc_worker.py")
+    worker = str(SUPPORT / "multiproc_worker.py")
     one, acc = tmp_path / "one.pt", tmp_path / "acc.pt"
-    _check(
+    check_exit(
         [
-            _popen([sys.executable, worker, str(one)], tmp_path),
-            _popen([*_launch(2), worker, str(acc), "fsdp2+accumulate"], tmp_path),
+            popen([sys.executable, worker, str(one)], tmp_path),
+            popen([*launch_command(2), worker, str(acc), "fsdp2+accumulate"], tmp_path),
         ]
     )
     _assert_same_update(*(torch.load(p, weights_only=False) for p in (one, acc)))
-
-
-def _train_cmd(out: Path, steps: int, *extra: str) -> list[str]:
-    return [
-        "-m",
-        "areal_m2po.train",
-        "--config",
-        str(REPO / "configs" / "tiny.yaml"),
-        f"output_dir={out}",
-        f"total_train_steps={steps}",
-        "num_threads=1",
-        "reward.path=toy_rewards:digit_fraction",
-        "evaluator.eval_at_end=false",
-        "saver.save_at_end=false",
-        "recover.mode=auto",
-        "recover.freq_steps=1",
-        *extra,
-    ]
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    with open(run_dir / "metrics.jsonl") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def test_two_process_training_run(tmp_path):
@@ -162,8 +102,8 @@ def test_two_process_training_run(tmp_path):
     # dynamic filtering can leave the ranks different numbers of groups; with 2 minibatches
     # they must still take the same optimizer steps
     extra = ("rollout.dynamic_filtering=true", "actor.ppo_n_minibatches=2")
-    _check([_popen([*_launch(2), *_train_cmd(out, 2, *extra)], tmp_path)])
-    records = _metrics(out)
+    check_exit([popen([*launch_command(2), *train_command(out, 2, *extra)], tmp_path)])
+    records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2]  # rank 0 alone writes: no duplicates
     for r in records:
         assert math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"])
@@ -187,17 +127,17 @@ def test_two_process_training_run(tmp_path):
 def test_two_process_resume_is_bitwise(tmp_path):
     """2 processes: 3 steps straight == 2 steps, then the same command for 3 steps."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _check(
+    check_exit(
         [
-            _popen([*_launch(2), *_train_cmd(straight, 3)], tmp_path),
-            _popen([*_launch(2), *_train_cmd(resumed, 2)], tmp_path),
+            popen([*launch_command(2), *train_command(straight, 3)], tmp_path),
+            popen([*launch_command(2), *train_command(resumed, 2)], tmp_path),
         ]
     )
-    proc = _popen([*_launch(2), *_train_cmd(resumed, 3)], tmp_path)
+    proc = popen([*launch_command(2), *train_command(resumed, 3)], tmp_path)
     out, _ = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 0, out[-4000:]
     assert "resumed from recover checkpoint" in out
-    a, b = _metrics(straight), _metrics(resumed)
+    a, b = read_metrics(straight), read_metrics(resumed)
     assert [r["step"] for r in b] == [1, 2, 3]
 
     def untimed(r: dict) -> dict:

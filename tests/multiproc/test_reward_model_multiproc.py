@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_multiproc import TESTS, _check, _launch, _popen
+from procs import SUPPORT, check_exit, launch_command, popen
 
 pytestmark = pytest.mark.multiproc
 
@@ -34,12 +34,12 @@ def _prepare(work: Path) -> None:
 
 def test_learned_reward_and_rm_step_equal_with_one_and_two_processes(tmp_path):
     _prepare(tmp_path)
-    worker = str(TESTS / "rm_multiproc_worker.py")
+    worker = str(SUPPORT / "rm_multiproc_worker.py")
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    _check(
+    check_exit(
         [
-            _popen([sys.executable, worker, str(tmp_path), str(one)], tmp_path),
-            _popen([*_launch(2), worker, str(tmp_path), str(two)], tmp_path),
+            popen([sys.executable, worker, str(tmp_path), str(one)], tmp_path),
+            popen([*launch_command(2), worker, str(tmp_path), str(two)], tmp_path),
         ]
     )
     a = torch.load(one, weights_only=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_async.py"
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_async.py"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,6 @@ def test_overlap_seconds_by_hand(bench):
 
 @pytest.mark.slow
 def test_bench_async_smoke(bench, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
     assert bench["main"](["--tiny", "--steps", "2"]) == 0
     lines = dict(re.findall(r"^(\w+)=([-\d.e+]+)$", capsys.readouterr().out, re.M))
     for name in (

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_fsdp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_fsdp.py"
 
 
 def _load():

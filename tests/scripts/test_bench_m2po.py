@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "bench_m2po.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_m2po.py"
 
 
 def test_bench_m2po_smoke() -> None:

@@ -4,7 +4,6 @@ resumable runs, finished runs archived and skipped, the report from run director
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import shutil
 import sys
@@ -12,16 +11,14 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ARMS = ("grpo_onpolicy", "grpo", "grpo_noclip", "m2po")
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("stale_study", SCRIPTS / "stale_study.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["stale_study"] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    import stale_study  # scripts/ is on pytest's pythonpath (pyproject.toml)
+
+    return stale_study
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +64,7 @@ def tiny_study(tmp_path_factory, study):
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    from study.runs import read_metrics  # importable once the script is loaded
+    from study.runs import read_metrics
 
     return read_metrics(str(run_dir))
 

@@ -1,6 +1,6 @@
-"""A short FSDP2 training run of the tiny model, checked from inside, for ``tests/test_fsdp.py``.
+"""A short FSDP2 training run of the tiny model, checked from inside, for ``tests/multiproc/test_fsdp.py``.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/fsdp_worker.py OUT.pt OUTPUT_DIR
+    accelerate launch --multi_gpu --num_processes 2 tests/support/fsdp_worker.py OUT.pt OUTPUT_DIR
 
 Actor, reference and critic are sharded (``backend=fsdp2``). After each training step (which
 ends with the rollout sync) every rank records how far the rollout engine's weights are from
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 STEPS = 2
 

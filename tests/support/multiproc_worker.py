@@ -1,13 +1,13 @@
 """One PPO update of the tiny model on a fixed global batch, in 1 or N processes.
 
-    python tests/multiproc_worker.py OUT.pt                                  # one process
-    accelerate launch --multi_gpu --num_processes 2 tests/multiproc_worker.py OUT.pt \
+    python tests/support/multiproc_worker.py OUT.pt                                  # one process
+    accelerate launch --multi_gpu --num_processes 2 tests/support/multiproc_worker.py OUT.pt \
         [ddp | fsdp2 | fsdp2+accumulate]
 
 Every process builds the same global batch (seeded, independent of the rank) with stale
 behaviour log-probs, so M2PO masks some tokens, and keeps its contiguous share of whole groups,
 as the trainer does. Rank 0 writes the update's stats, the global M2PO mask and the updated
-weights to OUT.pt; ``tests/test_multiproc.py`` compares the 1- and 2-process results. With
+weights to OUT.pt; ``tests/multiproc/test_multiproc.py`` compares the 1- and 2-process results. With
 ``fsdp2`` the policy is sharded over the processes (``actor.backend=fsdp2``).
 """
 

@@ -1,7 +1,7 @@
 """Train from a config file and SIGKILL this process right after the recover checkpoint of a
-given step is written (a crash with no clean-up at all), for ``tests/test_recover.py``.
+given step is written (a crash with no clean-up at all), for ``tests/integration/test_recover.py``.
 
-    python tests/recover_worker.py CONFIG.yaml KILL_AFTER_STEP
+    python tests/support/recover_worker.py CONFIG.yaml KILL_AFTER_STEP
 """
 
 from __future__ import annotations

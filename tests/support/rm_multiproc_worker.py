@@ -1,4 +1,4 @@
-"""Run by tests/test_reward_model_multiproc.py, alone (1 process) or under ``accelerate launch``
+"""Run by tests/multiproc/test_reward_model_multiproc.py, alone (1 process) or under ``accelerate launch``
 (2 processes): the learned reward on this rank's rows, and one train_rm step.
 
     python rm_multiproc_worker.py WORK_DIR OUT.pt

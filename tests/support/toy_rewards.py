@@ -1,4 +1,7 @@
-"""Dense toy rewards for tiny-model tests (a random tiny model never solves arithmetic)."""
+"""Toy rewards for tiny-model tests (a random tiny model never solves arithmetic): dense, failing
+and hanging ones."""
+
+import threading
 
 
 def digit_fraction(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
@@ -10,3 +13,9 @@ def digit_fraction(prompt: str, completion: str, answer: str, **kwargs: object) 
 
 def always_raises(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
     raise RuntimeError("reward function failure for testing")
+
+
+def hanging_reward(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
+    """Never answers within a test's timeout (the thread finishes later on its own)."""
+    threading.Event().wait(1.5)
+    return 1.0

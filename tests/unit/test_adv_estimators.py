@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from batches import prefix_mask, reward_batch
 
 from areal_m2po.algo.advantages import (
     AdvantageInputs,
@@ -21,17 +22,10 @@ from areal_m2po.api.cli_args import ActorConfig, ConfigError, PPOConfig
 from areal_m2po.trainer.ppo.actor import PPOActor
 
 
-def _mask(lengths: list[int], width: int) -> torch.Tensor:
-    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        mask[i, :n] = True
-    return mask
-
-
 def _inputs(scores: list[float], lengths: list[int], group_size: int, **kw) -> AdvantageInputs:
     width = max(lengths)
     return AdvantageInputs(
-        torch.tensor(scores, dtype=torch.float32), _mask(lengths, width), group_size, **kw
+        torch.tensor(scores, dtype=torch.float32), prefix_mask(lengths, width), group_size, **kw
     )
 
 
@@ -99,7 +93,7 @@ def test_reinforce_pp_whitens_over_all_ranks_with_batch_sum():
     def run(rank: int, scores: list[float], lengths: list[int]) -> None:
         inp = _inputs(scores, lengths, 2, batch_sum=all_reduce(rank))
         adv, _ = reinforce_pp_advantages(
-            AdvantageInputs(inp.scores, _mask(lengths, 2), 2, batch_sum=inp.batch_sum)
+            AdvantageInputs(inp.scores, prefix_mask(lengths, 2), 2, batch_sum=inp.batch_sum)
         )
         with lock:
             out[rank] = adv
@@ -135,24 +129,13 @@ def test_gae_builtin_by_hand():
         builtin_estimator("ppo")
 
 
-def _batch(rewards: list[float], lengths: list[int], width: int = 3) -> dict:
-    n = len(rewards)
-    return {
-        "loss_mask": _mask(lengths, width),
-        "rewards": torch.tensor(rewards),
-        "no_eos": torch.zeros(n, dtype=torch.bool),
-        "logprobs": torch.zeros(n, width),
-        "prox_logp": torch.zeros(n, width),
-    }
-
-
 def _actor(group_size: int = 2, **kwargs) -> PPOActor:
     has_critic = kwargs.pop("has_critic", False)
     return PPOActor(ActorConfig(**kwargs), None, group_size, 3, has_critic=has_critic)  # type: ignore[arg-type]
 
 
 def test_actor_default_is_grpo_without_a_critic_and_gae_with_one():
-    batch = _batch([1.0, 0.0], [2, 3])
+    batch = reward_batch([1.0, 0.0], [2, 3], 3)
     values = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.25, 0.25]])
     # no critic: GRPO (the score on every valid token), values in the batch are not read
     out = {**batch, "values": values}
@@ -168,7 +151,7 @@ def test_actor_default_is_grpo_without_a_critic_and_gae_with_one():
 
 
 def test_actor_rloo_and_a_user_estimator(tmp_path, monkeypatch):
-    out = _batch([1.0, 0.0, 0.0, 1.0], [1, 2, 1, 1])
+    out = reward_batch([1.0, 0.0, 0.0, 1.0], [1, 2, 1, 1], 3)
     _actor(4, adv_estimator="rloo", adv_norm=None).compute_advantages(out)
     assert out["advantages"][:, 0].tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
     assert out["advantages"][1].tolist() == pytest.approx([-2 / 3, -2 / 3, 0.0])
@@ -176,7 +159,7 @@ def test_actor_rloo_and_a_user_estimator(tmp_path, monkeypatch):
         "def doubled(inputs):\n    return 2 * inputs.scores, None\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    out = _batch([1.0, 3.0], [1, 2])
+    out = reward_batch([1.0, 3.0], [1, 2], 3)
     _actor(adv_estimator="my_adv:doubled", adv_norm=None).compute_advantages(out)
     assert out["advantages"].tolist() == [[2.0, 0.0, 0.0], [6.0, 6.0, 0.0]]
     with pytest.raises(ConfigError, match="^actor.adv_estimator: .*my_adv"):

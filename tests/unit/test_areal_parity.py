@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from batches import reward_batch
 
 from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, sapo_loss_fn
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
@@ -121,15 +122,7 @@ def test_gspo_sequence_statistics_use_only_kept_tokens():
 
 
 def _batch(lengths: list[int], rewards: list[float], no_eos: list[bool], width: int) -> dict:
-    loss_mask = torch.zeros(len(lengths), width, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        loss_mask[i, :n] = True
-    return {
-        "loss_mask": loss_mask,
-        "rewards": torch.tensor(rewards),
-        "no_eos": torch.tensor(no_eos),
-        "logprobs": torch.zeros(len(lengths), width),
-    }
+    return reward_batch(rewards, lengths, width, no_eos)
 
 
 def _advantages(batch: dict, group_size: int, max_new_tokens: int, **actor_kwargs) -> dict:

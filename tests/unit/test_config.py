@@ -28,7 +28,7 @@ from areal_m2po.api.config_loader import (
     save_config,
 )
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
 
 

@@ -21,7 +21,7 @@ from areal_m2po.api.config_loader import format_help, load_config
 from areal_m2po.api.config_schema import REQUIRED, ConfigKey, config_keys, value_text
 from areal_m2po.api.yaml_format import parse_yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _records(cls: type) -> dict[str, ConfigKey]:

@@ -14,9 +14,10 @@ import dataclasses
 
 import pytest
 import torch
+from actors import tiny_actor
 
 from areal_m2po.algo.aggregation import agg_loss, agg_loss_weight
-from areal_m2po.api.cli_args import LOSS_AGG_MODES, ActorConfig, MicroBatchSpec, OptimizerConfig
+from areal_m2po.api.cli_args import LOSS_AGG_MODES, MicroBatchSpec
 
 F64 = torch.float64
 
@@ -97,21 +98,8 @@ SCOPES = {"global": dict(m2_scope="global"), "microbatch": dict(m2_scope="microb
 
 
 def make_actor(loss_agg_mode: str, scope: str):
-    from accelerate import Accelerator
-
-    from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.ppo.actor import PPOActor
-
     m2 = {"m2_threshold": 0.04, **SCOPES[scope]} if SCOPES[scope] else {}
-    cfg = ActorConfig(
-        path="builtin:tiny",
-        loss_agg_mode=loss_agg_mode,
-        overlong_filtering=True,
-        optimizer=OptimizerConfig(type="sgd", lr=1.0, beta1=0.0, gradient_clipping=0.0),
-        **m2,
-    )
-    engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=1)
-    return PPOActor(cfg, engine, group_size=GROUP, max_new_tokens=8)
+    return tiny_actor(GROUP, 8, loss_agg_mode=loss_agg_mode, **m2)
 
 
 def make_batch(actor) -> dict[str, torch.Tensor]:

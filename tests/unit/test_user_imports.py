@@ -17,7 +17,7 @@ import pytest
 from areal_m2po.api.cli_args import ConfigError
 from areal_m2po.utils.imports import load_object
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs" / "tiny.yaml")
 
 # name: ({relative file: source}, spec, (file, line or None), fragment of the message)
