@@ -104,7 +104,7 @@ def test_trainer_state_dict_roundtrip(tmp_path):
     """A fresh trainer that loads a trained one's ``state_dict`` holds the same step, rollout
     count, loader position, actor state (the M2PO streak and warning flag), weights, optimizer,
     rollout version and queue, and restores the RNG states."""
-    from test_recover import make_cfg
+    from tiny_runs import make_cfg
 
     from areal_m2po.api.cli_args import RecoverConfig
     from areal_m2po.trainer.rl_trainer import RLTrainer
