@@ -19,3 +19,8 @@ def hanging_reward(prompt: str, completion: str, answer: str, **kwargs: object) 
     """Never answers within a test's timeout (the thread finishes later on its own)."""
     threading.Event().wait(1.5)
     return 1.0
+
+
+def column_value(prompt: str, completion: str, answer: str, bonus: float) -> float:
+    """The record's ``bonus`` column (a dataset column other than prompt and answer)."""
+    return float(bonus)
