@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 import pytest
 
 from areal_m2po.dataset.loader import load_records
@@ -10,7 +13,10 @@ from areal_m2po.reward.math_reward import math_reward_fn
 from areal_m2po.rollout.calculator import CalculatorError, calculate
 from areal_m2po.rollout.tool_env import (
     CalculatorEnvironment,
+    Environment,
+    EnvReply,
     RetryEnvironment,
+    grader_from_fn,
     make_environment,
 )
 
@@ -68,40 +74,46 @@ def test_calculator_refuses(expression: str, message: str | None) -> None:
 RECORD = {"question": "What is 347 * 58?", "answer": "20126"}
 
 
+def _step(env: Environment, text: str, last_turn: bool) -> EnvReply:
+    return asyncio.run(env.step(text, last_turn))
+
+
 def test_calculator_environment_answers_tool_calls_and_grades_answers() -> None:
-    env = CalculatorEnvironment(RECORD, math_reward_fn)
-    reply = env.step("Let me compute. <calc>347*58</calc>", last_turn=False)
+    env = CalculatorEnvironment(RECORD, grader_from_fn(RECORD, math_reward_fn))
+    reply = _step(env, "Let me compute. <calc>347*58</calc>", last_turn=False)
     assert (reply.message, reply.tool_call) == ("<result>20126</result>", True)
-    bad = env.step("<calc>347 ** 58</calc>", last_turn=False)
+    bad = _step(env, "<calc>347 ** 58</calc>", last_turn=False)
     assert bad.message is not None and bad.message.startswith("<error>") and bad.tool_call
-    assert env.step("<calc>1/0</calc>", False).message == "<error>division by zero</error>"
-    assert env.step("<calc>347*58", False).message == "<error><calc> without </calc></error>"
-    final = env.step("20126", last_turn=False)
+    assert _step(env, "<calc>1/0</calc>", False).message == "<error>division by zero</error>"
+    assert _step(env, "<calc>347*58", False).message == "<error><calc> without </calc></error>"
+    final = _step(env, "20126", last_turn=False)
     assert (final.message, final.reward, final.tool_call) == (None, 1.0, False)
-    assert env.step("20125", last_turn=True).reward == 0.0
+    assert _step(env, "20125", last_turn=True).reward == 0.0
     # a tool call on the last turn ends the episode unanswered and unrewarded, even when its
     # text holds the right number
-    last = env.step("<calc>20126*1</calc>", last_turn=True)
+    last = _step(env, "<calc>20126*1</calc>", last_turn=True)
     assert (last.message, last.reward, last.tool_call) == (None, 0.0, True)
     assert env.stop == ("</calc>",)
 
 
 def test_retry_environment_asks_again_until_the_last_turn() -> None:
-    env = RetryEnvironment(RECORD, math_reward_fn)
-    again = env.step("20000", last_turn=False)
+    env = RetryEnvironment(RECORD, grader_from_fn(RECORD, math_reward_fn))
+    again = _step(env, "20000", last_turn=False)
     assert again.message is not None and "wrong" in again.message
-    assert env.step("20000", last_turn=True).message is None
-    assert env.step("The answer is 20126.", last_turn=False).reward == 1.0
+    assert _step(env, "20000", last_turn=True).message is None
+    assert _step(env, "The answer is 20126.", last_turn=False).reward == 1.0
 
 
 def test_reward_function_errors_score_zero_not_raise() -> None:
     def broken(prompt: str, completion: str, answer: str) -> float:
         raise RuntimeError("boom")
 
-    env = make_environment("retry", RECORD, broken)
-    assert env.step("20126", last_turn=True).reward == 0.0
+    env = make_environment("retry", RECORD, grader_from_fn(RECORD, broken))
+    assert _step(env, "20126", last_turn=True).reward == 0.0
+    nan = make_environment("retry", RECORD, grader_from_fn(RECORD, lambda *a: math.nan))
+    assert _step(nan, "20126", last_turn=True).reward == 0.0
     with pytest.raises(ValueError, match="unknown environment 'nope'; known: calculator, retry"):
-        make_environment("nope", RECORD, math_reward_fn)
+        make_environment("nope", RECORD, grader_from_fn(RECORD, math_reward_fn))
 
 
 def test_multiplication_task_splits() -> None:

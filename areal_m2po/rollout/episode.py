@@ -119,7 +119,7 @@ async def run_episode(
         ended_with_eos = bool(out.ids) and out.ids[-1] in appender.eos_ids
         room = max_total_tokens - len(episode.input_ids)
         last = episode.policy_turns >= max_turns or room <= 1 or out.finish_reason == "abort"
-        reply = env.step(text, last)
+        reply = await env.step(text, last)
         episode.tool_calls += int(reply.tool_call)
         if reply.message is None:
             return episode, reply.reward

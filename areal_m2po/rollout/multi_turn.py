@@ -13,7 +13,11 @@ Built in as ``rollout.workflow=multi_turn``; its settings come from ``rollout.wo
 - ``env_role``: role of the environment's turns in the chat template (``user``, or ``tool`` for
   templates that know it).
 - ``reward_fn``: dotted path (or, from Python, the callable) of the reward function grading an
-  answer (``fn(prompt, completion, answer) -> float``); null: the math reward.
+  answer (``fn(prompt, completion, answer) -> float``); null: the config's verifiable reward
+  (``reward.path``, run by the trainer's reward runner with its timeouts), or the math reward
+  when the trainer gives none. A learned reward (``reward.model``) is not supported here: it
+  scores single completions and normalises over the batch, which would overwrite the
+  per-turn discount.
 
 Every episode is one trajectory: the exact token sequence the engine saw, with the policy's
 tokens in the loss mask (each with its behaviour log-prob and version) and the environment's
@@ -39,7 +43,7 @@ from areal_m2po.reward.math_reward import math_reward_fn
 from areal_m2po.reward.runner import load_reward_fn
 from areal_m2po.rollout.chat_turns import TurnAppender
 from areal_m2po.rollout.episode import EpisodeTokens, Generated, run_episode
-from areal_m2po.rollout.tool_env import ENVIRONMENTS, make_environment
+from areal_m2po.rollout.tool_env import ENVIRONMENTS, Grader, grader_from_fn, make_environment
 
 __all__ = ["MultiTurnWorkflow"]
 
@@ -81,12 +85,18 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.max_turns = max_turns
         self.turn_discount = float(turn_discount)
         self.max_total_tokens = max_total_tokens if max_total_tokens is not None else sys.maxsize
-        if reward_fn is None:
-            self.reward_fn: Callable[..., float] = math_reward_fn
-        elif callable(reward_fn):
+        self.reward_fn: Callable[..., float] | None = None
+        if callable(reward_fn):
             self.reward_fn = reward_fn
-        else:
+        elif reward_fn is not None:
             self.reward_fn = load_reward_fn(reward_fn, f"{_KEY}.reward_fn")
+        elif context.reward is None:
+            self.reward_fn = math_reward_fn
+        if getattr(context.reward, "learned", None) is not None:
+            raise ValueError(
+                "reward.model: the multi_turn workflow grades answers with the verifiable "
+                "reward only (reward.path or rollout.workflow_kwargs.reward_fn)"
+            )
         try:
             self.appender = TurnAppender(context.tokenizer, env_role, use_chat_template)
         except Exception as exc:  # noqa: BLE001 - a template that cannot render the role
@@ -114,10 +124,21 @@ class MultiTurnWorkflow(RolloutWorkflow):
             out.finish_reason,
         )
 
+    def _grader(self, record: dict[str, Any]) -> Grader:
+        if self.reward_fn is not None:
+            return grader_from_fn(record, self.reward_fn)
+        sources = self.context.reward
+
+        async def grade(text: str) -> float:
+            rewards, _ = await asyncio.to_thread(sources.score_verifiable, [record], [text])
+            return float(rewards[0])
+
+        return grade
+
     async def _episode(
         self, engine: InferenceEngine, record: dict[str, Any]
     ) -> tuple[EpisodeTokens, float, str]:
-        env = make_environment(self.environment, record, self.reward_fn)
+        env = make_environment(self.environment, record, self._grader(record))
         finish: list[str] = []
 
         async def generate(ids: list[int], budget: int, stop: Sequence[str]) -> Generated:

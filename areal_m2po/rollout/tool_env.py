@@ -15,9 +15,11 @@ never sees an exception from model output.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +27,12 @@ from areal_m2po.rollout.calculator import CalculatorError, calculate
 
 __all__ = [
     "ENVIRONMENTS",
+    "Grader",
     "CalculatorEnvironment",
     "EnvReply",
     "Environment",
     "RetryEnvironment",
+    "grader_from_fn",
     "make_environment",
 ]
 
@@ -36,6 +40,27 @@ CALC_OPEN, CALC_CLOSE = "<calc>", "</calc>"
 _CALL_RE = re.compile(re.escape(CALC_OPEN) + r"(.*?)" + re.escape(CALC_CLOSE), re.DOTALL)
 
 RewardFn = Callable[..., float]
+Grader = Callable[[str], Awaitable[float]]
+"""``await grade(answer_text)`` -> the reward of one answer of the episode's record."""
+
+
+def grader_from_fn(record: Mapping[str, Any], reward_fn: RewardFn) -> Grader:
+    """A grader calling ``reward_fn(prompt, completion, answer)`` (in a worker thread); a
+    reward function that raises or returns a non-finite value scores the answer 0."""
+    prompt = str(record.get("prompt_text", record.get("question", "")))
+    answer = str(record.get("answer", ""))
+
+    def score(text: str) -> float:
+        try:
+            value = float(reward_fn(prompt, text, answer))
+        except Exception:  # noqa: BLE001 - a reward crash on model text scores the answer 0
+            return 0.0
+        return value if math.isfinite(value) else 0.0
+
+    async def grade(text: str) -> float:
+        return await asyncio.to_thread(score, text)
+
+    return grade
 
 
 @dataclass(frozen=True)
@@ -59,26 +84,12 @@ class Environment(ABC):
     stop: tuple[str, ...] = ()
     """Strings at which a policy turn ends (kept in the turn), besides end-of-sequence."""
 
-    def __init__(self, record: Mapping[str, Any], reward_fn: RewardFn) -> None:
+    def __init__(self, record: Mapping[str, Any], grade: Grader) -> None:
         self.record = record
-        self.reward_fn = reward_fn
-
-    def grade(self, answer_text: str) -> float:
-        """The reward function on one answer; a failing reward function scores 0."""
-        try:
-            value = float(
-                self.reward_fn(
-                    str(self.record.get("prompt_text", self.record.get("question", ""))),
-                    answer_text,
-                    str(self.record.get("answer", "")),
-                )
-            )
-        except Exception:  # noqa: BLE001 - a reward crash on model text scores the answer 0
-            return 0.0
-        return value if value == value else 0.0  # NaN -> 0
+        self.grade = grade
 
     @abstractmethod
-    def step(self, policy_text: str, last_turn: bool) -> EnvReply:
+    async def step(self, policy_text: str, last_turn: bool) -> EnvReply:
         """React to one policy turn's text; ``last_turn``: no further policy turn may follow."""
 
 
@@ -87,10 +98,10 @@ class CalculatorEnvironment(Environment):
 
     stop = (CALC_CLOSE,)
 
-    def step(self, policy_text: str, last_turn: bool) -> EnvReply:
+    async def step(self, policy_text: str, last_turn: bool) -> EnvReply:
         match = _CALL_RE.search(policy_text)
         if match is None and CALC_OPEN not in policy_text:
-            return EnvReply(None, self.grade(policy_text))
+            return EnvReply(None, await self.grade(policy_text))
         if last_turn:  # a tool call is never an answer
             return EnvReply(None, 0.0, tool_call=True)
         if match is None:
@@ -106,8 +117,8 @@ class RetryEnvironment(Environment):
 
     retry_message = "Your answer is wrong. Try again; reply with only the number."
 
-    def step(self, policy_text: str, last_turn: bool) -> EnvReply:
-        reward = self.grade(policy_text)
+    async def step(self, policy_text: str, last_turn: bool) -> EnvReply:
+        reward = await self.grade(policy_text)
         if reward > 0 or last_turn:
             return EnvReply(None, reward)
         return EnvReply(self.retry_message)
@@ -119,8 +130,8 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
 }
 
 
-def make_environment(name: str, record: Mapping[str, Any], reward_fn: RewardFn) -> Environment:
+def make_environment(name: str, record: Mapping[str, Any], grade: Grader) -> Environment:
     """A fresh environment ``name`` (one of :data:`ENVIRONMENTS`) for one episode's record."""
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(ENVIRONMENTS)}")
-    return ENVIRONMENTS[name](record, reward_fn)
+    return ENVIRONMENTS[name](record, grade)
