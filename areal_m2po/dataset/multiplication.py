@@ -32,8 +32,9 @@ _SECOND = range(10, 100)
 def multiplication_question(a: int, b: int) -> str:
     """The prompt text for ``a * b``, with the calculator's calling convention."""
     return (
-        f"What is {a} * {b}? You have a calculator: write <calc>expression</calc> and you "
-        "will be told the result. Then reply with only the number."
+        f"What is {a} * {b}? You have a calculator: write the expression between calc tags, "
+        "for example <calc>12*34</calc>, and you will be told the result. Then reply with only "
+        "the number."
     )
 
 
