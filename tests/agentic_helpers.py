@@ -1,5 +1,5 @@
-"""Shared pieces of the multi-turn and OpenAI-endpoint tests: a tiny model behind an engine of
-the inference-engine interface, with every weight version kept for exact log-prob checks."""
+"""Shared pieces of the multi-turn and OpenAI-endpoint tests: a tiny model behind the in-process
+HF inference engine, with every weight version kept for exact log-prob checks."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
+from areal_m2po.api.engine_api import ModelRequest, ModelResponse
 from areal_m2po.engine.builtin_models import build_tiny_llama
-from areal_m2po.engine.rollout import RolloutEngine
+from areal_m2po.rollout.hf_engine import HFInferenceEngine
 from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
 
@@ -23,44 +22,23 @@ def tiny_model_and_tokenizer(seed: int = 0) -> tuple[torch.nn.Module, Any]:
     return model.eval(), tokenizer
 
 
-class VersionedTinyEngine(InferenceEngine):
-    """The in-process :class:`RolloutEngine` behind the engine interface, one request at a time.
+class VersionedTinyEngine(HFInferenceEngine):
+    """The in-process HF engine (concurrent requests batched into one ``generate`` call,
+    left-padded), recording every (request, response) pair in ``calls``.
 
-    With ``bump_every`` set, after that many requests it loads perturbed weights as the next
-    version, so one episode's turns come from different versions. ``weights[v]`` keeps the
-    state dict of every version and ``calls`` every (request, response) pair.
+    With ``bump_every`` set, after that many responses it loads perturbed weights as the next
+    version, so one episode's turns come from different versions; ``weights[v]`` keeps the
+    state dict of every version for exact log-prob checks.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, bump_every: int | None = None):
-        self.inner = RolloutEngine(model, tokenizer, torch.device("cpu"))
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer, torch.device("cpu"))
         self.bump_every = bump_every
-        self.weights = {0: copy.deepcopy(self.inner.model.state_dict())}
+        self.weights = {0: copy.deepcopy(self.rollout.model.state_dict())}
         self.calls: list[tuple[ModelRequest, ModelResponse]] = []
-        self._seed = 0
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
-        s = request.sampling
-        gconfig = GenerationConfig(
-            n_samples=1,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature if s.temperature > 0 else 1.0,
-            stop=list(s.stop) or None,
-        )
-        self._seed += 1
-        batch = self.inner.generate([request.input_ids], gconfig, greedy=s.greedy, seed=self._seed)
-        mask = batch["loss_mask"][0]
-        ids = batch["input_ids"][0][mask].tolist()
-        no_eos = bool(batch["no_eos"][0])
-        hit_stop = bool(s.stop) and any(x in self.tokenizer.decode(ids) for x in s.stop)
-        response = ModelResponse(
-            input_ids=list(request.input_ids),
-            output_ids=ids,
-            output_logprobs=batch["logprobs"][0][mask].tolist(),
-            output_versions=batch["versions"][0][mask].tolist(),
-            finish_reason="stop" if (not no_eos or hit_stop) else "length",
-            rid=request.rid,
-        )
+        response = await super().agenerate(request)
         self.calls.append((request, response))
         if self.bump_every and len(self.calls) % self.bump_every == 0:
             self._bump()
@@ -70,29 +48,11 @@ class VersionedTinyEngine(InferenceEngine):
         generator = torch.Generator().manual_seed(len(self.weights))
         new = {
             k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
-            for k, v in self.inner.model.state_dict().items()
+            for k, v in self.rollout.model.state_dict().items()
         }
-        version = self.inner.version + 1
-        self.inner.update_weights(new, version)
-        self.weights[version] = copy.deepcopy(self.inner.model.state_dict())
-
-    def update_weights_from_tensors(self, named_tensors, version):  # type: ignore[no-untyped-def]
-        self.inner.update_weights(named_tensors, version)
-
-    def update_weights_from_disk(self, path, version):  # type: ignore[no-untyped-def]
-        raise NotImplementedError("not used by these tests")
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def get_version(self) -> int:
-        return self.inner.version
-
-    def set_version(self, version: int) -> None:
-        self.inner.version = version
+        version = self.rollout.version + 1
+        self.update_weights_from_tensors(new, version)
+        self.weights[version] = copy.deepcopy(self.rollout.model.state_dict())
 
 
 def forward_logprobs(

@@ -96,7 +96,7 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     assert traj.versions[p2:] == [1] * len(out2.output_ids)
     for version in (0, 1):
         reference = forward_logprobs(
-            engine.inner.model, engine.weights[version], traj.input_ids, TEMPERATURE
+            engine.rollout.model, engine.weights[version], traj.input_ids, TEMPERATURE
         )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(

@@ -130,7 +130,9 @@ def _check_episode(traj, engine, calls, tokenizer, temperature: float) -> None:
     assert sum(traj.loss_mask) == sum(len(r.output_ids) for _, r in calls)
     # every behaviour log-prob equals a forward pass of the version that produced the token
     for version in sorted(set(traj.versions) - {-1}):
-        reference = forward_logprobs(engine.inner.model, engine.weights[version], ids, temperature)
+        reference = forward_logprobs(
+            engine.rollout.model, engine.weights[version], ids, temperature
+        )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(
             reference[at], abs=1e-4
