@@ -167,3 +167,21 @@ def test_random_retry_episodes_are_token_exact_across_weight_versions() -> None:
         assert group.stats["multi_turn/turns"] == 6 and group.stats["multi_turn/episodes"] == 2
     assert n_checked == 6
     assert len(engine.weights) >= 5  # the episodes' turns came from several versions
+
+
+def test_eval_script_reports_fractions_of_greedy_episodes(tmp_path, capsys) -> None:
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "eval_multi_turn.py"
+    main = runpy.run_path(str(script), run_name="eval_multi_turn")["main"]
+    out = tmp_path / "eval.json"
+    args = ["--model", "builtin:tiny", "--n", "6", "--max-new-tokens", "4", "--out", str(out)]
+    assert main([*args, "--environment", "retry", "--max-turns", "2"]) == 0
+    line = json.loads(capsys.readouterr().out.strip())
+    assert line == json.loads(out.read_text())
+    assert line["n"] == 6 and line["environment"] == "retry"
+    # a random model never answers right: every retry episode takes both turns
+    assert line["solved"] == 0.0 and line["second_turn"] == 1.0 and line["mean_turns"] == 2.0
+    assert line["solved_se"] == 0.0 and line["used_tool"] == 0.0
