@@ -85,34 +85,40 @@ def test_multi_turn_training_sync(tmp_path: Path, extra: list[str]) -> None:
         assert rows[1]["rollout/version_max"] == 0  # step 2 trained on step 1's policy
 
 
-@pytest.mark.slow
-def test_multi_turn_training_async(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = _args(
-        run_dir,
-        *MULTI_TURN,
-        "rollout.mode=async",
-        "rollout.staleness=0",
-        "rollout.max_head_offpolicyness=1",
-        "rollout.server_threads=1",
-    )
+ASYNC = [
+    "rollout.mode=async",
+    "rollout.staleness=0",
+    "rollout.max_head_offpolicyness=1",
+    "rollout.server_threads=1",
+]
+
+
+def _train_in_subprocess(run_dir: Path, *extra: str) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "areal_m2po.train", *args],
+        [sys.executable, "-m", "areal_m2po.train", *_args(run_dir, *extra)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=500,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = _metrics(run_dir)
+    return _metrics(run_dir)
+
+
+@pytest.mark.slow
+def test_multi_turn_training_async(tmp_path: Path) -> None:
+    rows = _train_in_subprocess(tmp_path / "run", *MULTI_TURN, *ASYNC)
     _check_multi_turn_rows(rows)
     for r in rows:  # the staleness bound, counted over every token's version
         assert r["actor/version"] - r["rollout/version_min"] <= 1
 
 
 @pytest.mark.slow
-def test_agent_workflow_training_sync(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "tests"))
-    rows = _train_in_process(tmp_path / "run", *AGENT, "rollout.staleness=1")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_agent_workflow_training(tmp_path: Path, mode: str) -> None:
+    if mode == "sync":
+        rows = _train_in_subprocess(tmp_path / "run", *AGENT, "rollout.staleness=1")
+    else:
+        rows = _train_in_subprocess(tmp_path / "run", *AGENT, *ASYNC)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["agent/calls"] == 32 and r["agent/untrained_calls"] == 0  # 16 episodes x 2
