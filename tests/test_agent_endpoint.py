@@ -352,3 +352,17 @@ def test_agent_kwargs_are_checked() -> None:
         AgentWorkflow(_context(tokenizer), agent=not_async)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rollout.workflow_kwargs.agent"):
         AgentWorkflow(_context(tokenizer), agent="no_such_module:agent")
+
+
+def test_an_engine_failure_reaches_the_agent_and_stops_the_episode_in_one_line() -> None:
+    tokenizer = tiny_model_and_tokenizer()[1]
+    engine = ScriptedEngine(tokenizer, [])  # popping from no scripted text raises IndexError
+    workflow = AgentWorkflow(_context(tokenizer), agent=tool_using_agent)
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            asyncio.run(workflow.arun_episode(engine, {"question": "37*45?", "answer": "1665"}))
+    finally:
+        workflow.close()
+    message = str(caught.value)
+    assert message.startswith("agent tool_using_agent failed on record '37*45?': ")
+    assert "InternalServerError" in message and "generation failed: IndexError" in message

@@ -443,5 +443,8 @@ class AgentProxy:
                 return _error(400, str(exc), exc.param)
             except ValueError as exc:  # e.g. the engine refusing the sampling parameters
                 return _error(400, str(exc))
+            except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops
+                logger.exception("agent endpoint: generation failed")
+                return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
 
         return app
