@@ -366,3 +366,29 @@ def test_an_engine_failure_reaches_the_agent_and_stops_the_episode_in_one_line()
     message = str(caught.value)
     assert message.startswith("agent tool_using_agent failed on record '37*45?': ")
     assert "InternalServerError" in message and "generation failed: IndexError" in message
+
+
+def test_the_documented_calculator_agent_uses_its_tool_and_is_rewarded() -> None:
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.py"
+    agent = runpy.run_path(str(example), run_name="calculator_agent")["calculator_agent"]
+    tokenizer = tiny_model_and_tokenizer()[1]
+    # scripted (see ScriptedEngine): the model calls the tag tool, then copies the result
+    engine = ScriptedEngine(tokenizer, ["<calc>347*58</calc>", "20126<|im_end|>"])
+    workflow = AgentWorkflow(_context(tokenizer, max_new_tokens=40), agent=agent)
+    record = {"question": "What is 347 * 58?", "answer": "20126"}
+    try:
+        group = asyncio.run(workflow.arun_episode(engine, record))
+    finally:
+        workflow.close()
+    assert group is not None
+    traj = group.trajectories[0]
+    assert traj.reward == 1.0 and group.stats["agent/calls"] == 2
+    assert [r.sampling.stop for r in engine.requests] == [("</calc>",), ("</calc>",)]
+    text = tokenizer.decode(traj.input_ids)
+    assert text.endswith(
+        "<|im_start|>assistant\n<calc>347*58</calc><|im_end|>\n<|im_start|>user\n"
+        "<result>20126</result><|im_end|>\n<|im_start|>assistant\n20126<|im_end|>"
+    )
