@@ -780,7 +780,8 @@ class RolloutConfig:
     workflow: str = _field(
         "rlvr",
         "The rollout workflow (docs/rollout.md): 'rlvr' (built in: n samples of the prompt, "
-        "scored by reward.path and reward.model) or a dotted path 'module:Name' of a "
+        "scored by reward.path and reward.model), 'multi_turn' or 'agent' (built in, "
+        "docs/agents.md), or a dotted path 'module:Name' of a "
         "RolloutWorkflow subclass or factory, called as Name(context, **workflow_kwargs).",
     )
     workflow_kwargs: dict[str, Any] | None = _field(
@@ -846,9 +847,12 @@ class RolloutConfig:
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
         _check_str("workflow", self.workflow)
-        if self.workflow != "rlvr" and ":" not in self.workflow and "." not in self.workflow:
+        builtin = ("rlvr", "multi_turn", "agent")
+        if self.workflow not in builtin and ":" not in self.workflow and "." not in self.workflow:
             raise ConfigError(
-                "workflow", f"must be 'rlvr' or a dotted path 'module:Name', got {self.workflow!r}"
+                "workflow",
+                f"must be one of {', '.join(builtin)} or a dotted path 'module:Name', "
+                f"got {self.workflow!r}",
             )
         if self.workflow_kwargs is not None and not (
             isinstance(self.workflow_kwargs, dict)

@@ -11,7 +11,11 @@ from areal_m2po.utils.imports import load_object
 
 __all__ = ["BUILTIN_WORKFLOWS", "build_workflow"]
 
-BUILTIN_WORKFLOWS = {"rlvr": "areal_m2po.rollout.rlvr:RLVRWorkflow"}
+BUILTIN_WORKFLOWS = {
+    "rlvr": "areal_m2po.rollout.rlvr:RLVRWorkflow",
+    "multi_turn": "areal_m2po.rollout.multi_turn:MultiTurnWorkflow",
+    "agent": "areal_m2po.rollout.agent_workflow:AgentWorkflow",
+}
 """Built-in workflow names and the classes they stand for."""
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from areal_m2po.api.config_loader import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MULTI_TURN = [
     "rollout.workflow=areal_m2po.rollout.multi_turn:MultiTurnWorkflow",
     # digit_fraction > 0 counts as right: a random model gets both retries and successes
@@ -94,7 +94,7 @@ ASYNC = [
 
 
 def _train_in_subprocess(run_dir: Path, *extra: str) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support")]))
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
         [sys.executable, "-m", "areal_m2po.train", *_args(run_dir, *extra)],

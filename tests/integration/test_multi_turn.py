@@ -174,7 +174,7 @@ def test_eval_script_reports_fractions_of_greedy_episodes(tmp_path, capsys) -> N
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "eval_multi_turn.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "eval_multi_turn.py"
     main = runpy.run_path(str(script), run_name="eval_multi_turn")["main"]
     out = tmp_path / "eval.json"
     args = ["--model", "builtin:tiny", "--n", "6", "--max-new-tokens", "4", "--out", str(out)]

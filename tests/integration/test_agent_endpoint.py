@@ -372,7 +372,7 @@ def test_the_documented_calculator_agent_uses_its_tool_and_is_rewarded() -> None
     import runpy
     from pathlib import Path
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "calculator_agent.py"
     agent = runpy.run_path(str(example), run_name="calculator_agent")["calculator_agent"]
     tokenizer = tiny_model_and_tokenizer()[1]
     # scripted (see ScriptedEngine): the model calls the tag tool, then copies the result
