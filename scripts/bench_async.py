@@ -85,7 +85,7 @@ def _run(overrides: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     trainer.train_intervals = []
     try:
         trainer.train()
-        gen = list(trainer.async_rollout.remote.busy_intervals) if trainer.async_rollout else []
+        gen = list(getattr(trainer.rollout, "busy_intervals", []))
     finally:
         trainer.close()
     with open(os.path.join(cfg.output_dir, "metrics.jsonl")) as fh:

@@ -52,15 +52,17 @@ def main(out_path: str, output_dir: str) -> None:
     record["sharded"] = [float(all(e.sharded for e in engines))]
     initial = trainer.actor_engine.state_dict_for_sync()
     while len(trainer.queue) < cfg.rollout.staleness:
-        trainer.queue.append(trainer._generate())
+        trainer.queue.append(trainer.rollout.generate_batch())
     for _ in range(STEPS):
-        trainer.queue.append(trainer._generate())
+        trainer.queue.append(trainer.rollout.generate_batch())
         batch, info = trainer.queue.popleft()
         stats = trainer._train_step(batch, info)
         assert all(k in stats for k in ("actor/loss", "critic/value_loss")), sorted(stats)
         gathered = trainer.actor_engine.state_dict_for_sync()
-        record["weights"].append(_max_diff(trainer.rollout.model.state_dict(), gathered))
-        fresh, _ = trainer._generate()
+        record["weights"].append(
+            _max_diff(trainer.rollout.engine.rollout.model.state_dict(), gathered)
+        )
+        fresh, _ = trainer.rollout.generate_batch()
         logp, _ = trainer.actor_engine.compute_logprobs(fresh, cfg.actor.temperature)
         mask = fresh["loss_mask"]
         record["logprobs"].append(float((logp[mask] - fresh["logprobs"][mask]).abs().max()))

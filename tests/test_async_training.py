@@ -3,6 +3,7 @@ over through disk each step, faults reported in one line, no server process left
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig
+from areal_m2po.api.engine_api import ModelRequest, SamplingParams
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -205,13 +207,12 @@ def test_resume_restarts_generation_at_the_checkpoint_version(tmp_path):
 def test_hung_server_is_detected_by_health_checks(tmp_path):
     """A server that stops answering (SIGSTOP) is declared dead by the /health probes long
     before its request would time out, with one line naming it."""
-    from areal_m2po.engine.remote_rollout import (
-        RemoteRollout,
-        RemoteRolloutOptions,
+    from areal_m2po.engine.server_launcher import ServerProcesses
+    from areal_m2po.rollout.remote_engine import (
+        RemoteEngineOptions,
+        RemoteSGLangEngine,
         RolloutServerError,
     )
-    from areal_m2po.engine.server_launcher import ServerProcesses
-    from areal_m2po.utils.staleness import StalenessBudget
 
     servers = ServerProcesses(1, "builtin:tiny", None, "float32", "sdpa", 1, str(tmp_path))
     addr, pid = servers.addrs[0], servers.procs[0].pid
@@ -227,27 +228,23 @@ def test_hung_server_is_detected_by_health_checks(tmp_path):
                 return False
 
         _wait_for(healthy, 120, "the server")
-        os.kill(pid, signal.SIGSTOP)
-        records = [{"prompt_ids": [5, 6], "prompt_text": "q", "answer": "a"}]
-        remote = RemoteRollout(
+        engine = RemoteSGLangEngine(
             [addr],
-            {"temperature": 1.0},
-            max_new_tokens=4,
-            budget=StalenessBudget(1, 2, 0, 2),
-            prompt_source=lambda: (records, 0),
-            score=lambda p, c, a: ([0.0] * len(p), {}),
-            decode=lambda ids: "",
-            pad_id=0,
-            options=RemoteRolloutOptions(
+            RemoteEngineOptions(
                 request_timeout=600, health_check_interval=0.2, health_check_timeout=1.0
             ),
         )
-        remote.start()
+        engine.initialize()  # reaches the server, starts the health monitor
+        remote = engine
+        os.kill(pid, signal.SIGSTOP)
+        request = ModelRequest([5, 6], SamplingParams(max_new_tokens=4))
         with pytest.raises(RolloutServerError) as info:
-            remote.next_batch()
+            asyncio.run(engine.agenerate(request))
         assert str(info.value) == f"rollout server {addr} did not answer /health within 1s"
+        with pytest.raises(RolloutServerError):  # and it stays failed
+            engine.check_health()
     finally:
         os.kill(pid, signal.SIGCONT)
         if remote is not None:
-            remote.close()
+            remote.destroy()
         servers.stop()

@@ -284,3 +284,73 @@ def test_custom_loss_example_trains_through_the_config_seam(tmp_path, capsys):
     for step in (1, 2):
         assert [name for s, name in result["phases"] if s == step] == order
     assert "actor.loss_fn=custom_loss:truncated_reinforce_loss" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# custom_workflow.py
+# ---------------------------------------------------------------------------------------------
+
+
+def test_custom_workflow_example_trains_through_the_config_seam(tmp_path, capsys):
+    ex = load_example("custom_workflow")
+    result = ex["main"](["--tiny", "--output-dir", str(tmp_path / "run"), "--bonus", "0.5"])
+    out = capsys.readouterr().out
+    cfg = result["config"]
+    assert cfg.rollout.workflow == "custom_workflow:FormatBonusWorkflow"
+    assert cfg.rollout.workflow_kwargs == {"format_bonus": 0.5}
+    rows = [r for r in result["metrics"] if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    n = cfg.train_dataset.batch_size * cfg.gconfig.n_samples
+    for r in rows:
+        kept = n - r["rollout/n_dropped_groups"] * cfg.gconfig.n_samples
+        assert 0 <= r["workflow/format_hits"] <= kept
+        # closeness_reward is in [0, 1]: the mean holds at least the bonus of every hit
+        assert r["reward/mean"] * kept >= 0.5 * r["workflow/format_hits"] - 1e-6
+        assert f"workflow/format_hits={r['workflow/format_hits']:.0f}" in out
+
+
+def test_custom_workflow_example_scores_and_drops_by_hand():
+    import asyncio
+
+    from areal_m2po.api.cli_args import GenerationConfig
+    from areal_m2po.api.engine_api import InferenceEngine, ModelResponse, SamplingParams
+    from areal_m2po.api.workflow_api import WorkflowContext
+    from areal_m2po.reward.runner import RewardRunner
+    from areal_m2po.rollout.rewards import RewardSources
+
+    class Tok:  # token t decodes to chr(t)
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(t) for t in ids)
+
+    class Scripted(InferenceEngine):
+        def __init__(self, outputs):
+            self.outputs = list(outputs)
+
+        async def agenerate(self, request):
+            out = self.outputs.pop(0)
+            return ModelResponse(request.input_ids, out, [0.0] * len(out), [0] * len(out), "stop")
+
+        def update_weights_from_tensors(self, named_tensors, version): ...
+        def update_weights_from_disk(self, path, version): ...
+        def pause(self): ...
+        def resume(self): ...
+        def get_version(self):
+            return 0
+
+        def set_version(self, version): ...
+
+    def answer_is_7(prompt, completion, answer, **kw):
+        return 1.0 if completion == answer else 0.0
+
+    ex = load_example("custom_workflow")
+    g = GenerationConfig(n_samples=3, max_new_tokens=4)
+    with RewardRunner(answer_is_7, 10, 1) as runner:
+        ctx = WorkflowContext(Tok(), g, SamplingParams.from_gconfig(g), [0], RewardSources(runner))
+        wf = ex["FormatBonusWorkflow"](ctx, format_bonus=0.25)
+        record = {"prompt_ids": [1], "prompt_text": "p", "answer": "7", "question": "q"}
+        outs = [[ord("7"), 0], [ord("x"), 0], [ord("3"), ord("y"), 0]]
+        group = asyncio.run(wf.arun_episode(Scripted(outs), record))
+        assert group.rewards == [1.25, 0.0, 0.25]
+        assert group.stats["workflow/format_hits"] == 2
+        same = asyncio.run(wf.arun_episode(Scripted([[ord("a"), 0]] * 3), record))
+        assert same is None  # identical completions: dropped

@@ -18,9 +18,10 @@ import httpx
 import pytest
 import torch
 
-from areal_m2po.engine.async_rollout import sampling_params
+from areal_m2po.api.engine_api import SamplingParams
 from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
 from areal_m2po.engine.weight_files import read_weights, write_weights
+from areal_m2po.rollout.remote_engine import sglang_params
 
 SGLANG = {
     # GenerateReqInput fields (a subset: the ones a text-only RL client can send)
@@ -123,10 +124,15 @@ def test_generate_shapes_match_sglang(server):
 def test_client_sampling_params_are_sglang_keys():
     from areal_m2po.api.cli_args import GenerationConfig
 
+    def sampling_params(g: GenerationConfig) -> dict:
+        return sglang_params(SamplingParams.from_gconfig(g))
+
     params = sampling_params(GenerationConfig(top_k=5, min_new_tokens=1, stop=["\n"]))
     assert set(params) | {"max_new_tokens"} <= SGLANG["sampling_params"]
-    assert params["top_k"] == 5
+    assert params["top_k"] == 5 and params["min_new_tokens"] == 1 and params["stop"] == ["\n"]
     assert sampling_params(GenerationConfig())["top_k"] == -1  # SGLang's "off"
+    with_ids = sglang_params(SamplingParams(max_new_tokens=4, stop_token_ids=(7,)))
+    assert with_ids["stop_token_ids"] == [7] and set(with_ids) <= SGLANG["sampling_params"]
 
 
 @pytest.mark.parametrize(

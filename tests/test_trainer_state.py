@@ -133,11 +133,11 @@ def test_trainer_state_dict_roundtrip(tmp_path):
         assert b.actor.state_dict() == {"high_mask_streak": 2, "warned_no_m2po": True}
         assert b.loader.state_dict() == state["trainer"]["loader"]
         assert b.actor_engine.version == a.actor_engine.version == 1
-        assert b.rollout.version == 1
+        assert b.rollout.engine.get_version() == 1
         for (k, va), (_, vb) in zip(a.actor_engine.full_tensors(), b.actor_engine.full_tensors()):
             assert torch.equal(va, vb), k
-        for k, v in b.rollout.model.state_dict().items():
-            assert torch.equal(v, a.rollout.model.state_dict()[k]), k
+        for k, v in b.rollout.engine.rollout.model.state_dict().items():
+            assert torch.equal(v, a.rollout.engine.rollout.model.state_dict()[k]), k
         ((batch, info),) = b.queue
         ((batch_a, info_a),) = state["rank"]["queue"]
         assert info == info_a and all(torch.equal(batch[k], batch_a[k]) for k in batch_a)

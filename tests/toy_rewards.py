@@ -10,3 +10,8 @@ def digit_fraction(prompt: str, completion: str, answer: str, **kwargs: object) 
 
 def always_raises(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
     raise RuntimeError("reward function failure for testing")
+
+
+def column_value(prompt: str, completion: str, answer: str, bonus: float) -> float:
+    """The record's ``bonus`` column (a dataset column other than prompt and answer)."""
+    return float(bonus)

@@ -748,6 +748,15 @@ class RolloutConfig:
     dynamic_filtering: bool = _field(
         False, "Drop groups whose rewards are all equal (they carry no GRPO signal)."
     )
+    workflow: str = _field(
+        "rlvr",
+        "The rollout workflow (docs/rollout.md): 'rlvr' (built in: n samples of the prompt, "
+        "scored by reward.path and reward.model) or a dotted path 'module:Name' of a "
+        "RolloutWorkflow subclass or factory, called as Name(context, **workflow_kwargs).",
+    )
+    workflow_kwargs: dict[str, Any] | None = _field(
+        None, "Keyword arguments of the workflow's constructor (a mapping; null: none)."
+    )
     server_addrs: list[str] | None = _field(
         None,
         "async mode: host:port of running rollout servers (ours or SGLang's). null: the "
@@ -807,6 +816,19 @@ class RolloutConfig:
                 f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
+        _check_str("workflow", self.workflow)
+        if self.workflow != "rlvr" and ":" not in self.workflow and "." not in self.workflow:
+            raise ConfigError(
+                "workflow", f"must be 'rlvr' or a dotted path 'module:Name', got {self.workflow!r}"
+            )
+        if self.workflow_kwargs is not None and not (
+            isinstance(self.workflow_kwargs, dict)
+            and all(isinstance(k, str) for k in self.workflow_kwargs)
+        ):
+            raise ConfigError(
+                "workflow_kwargs",
+                f"must be a mapping of names to values, got {self.workflow_kwargs!r}",
+            )
         if self.server_addrs is not None:
             if not isinstance(self.server_addrs, list) or not self.server_addrs:
                 raise ConfigError("server_addrs", "must be a non-empty list of host:port or null")

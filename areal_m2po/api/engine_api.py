@@ -233,6 +233,16 @@ class InferenceEngine(abc.ABC):
     def get_version(self) -> int:
         """The policy version of the weights generating now."""
 
+    def check_health(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Raise the error that keeps this engine from serving (a server died, and failures
+        are not tolerated) with a one-line message naming the culprit; executors call it
+        while they wait. Default: nothing (an engine that can only fail inside calls)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Gauges logged with every training batch (e.g. ``rollout/n_servers``). Default:
+        none."""
+        return {}
+
     @abc.abstractmethod
     def set_version(self, version: int) -> None:
         """Declare the weights held now to be ``version`` (e.g. after a resume from a
