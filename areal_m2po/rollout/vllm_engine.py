@@ -263,8 +263,7 @@ class VLLMInferenceEngine(InferenceEngine):
         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         version: int,
     ) -> None:
-        if self.llm is None:
-            raise RuntimeError("vLLM engine: initialize() first")
+        self.initialize()  # a resume loads the checkpoint's weights before the executor starts
         pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         check = NameCheck(self._names, self._tied)
         stream = with_tied_head(check.wrap(pairs), self._tied)
