@@ -142,6 +142,7 @@ class VLLMInferenceEngine(InferenceEngine):
         self._version = 0
         self._tied = False
         self._names: set[str] = set()
+        self._asleep = False
         self._pending: list[_Job] = []
         self._flush_scheduled = False
         self._lock = threading.Lock()
@@ -232,8 +233,12 @@ class VLLMInferenceEngine(InferenceEngine):
         with self._lock:
             if self.llm is None:
                 raise RuntimeError("vLLM engine: destroyed")
+            self._wake_locked()
             outs = self.llm.generate(prompts, params, use_tqdm=False)
             version = self._version
+            if self.options.enable_sleep_mode:  # free the GPU for the trainer until needed
+                self.llm.sleep(level=1)
+                self._asleep = True
         return [self._response(req, out, version, t0) for (req, _, t0), out in zip(jobs, outs)]
 
     def _response(self, req: ModelRequest, out: Any, version: int, t0: float) -> ModelResponse:
@@ -268,6 +273,7 @@ class VLLMInferenceEngine(InferenceEngine):
         check = NameCheck(self._names, self._tied)
         stream = with_tied_head(check.wrap(pairs), self._tied)
         with self._lock:
+            self._wake_locked()
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
             self.llm.reset_prefix_cache()
             missing = check.missing()
@@ -283,6 +289,13 @@ class VLLMInferenceEngine(InferenceEngine):
         if stamp is not None and stamp != version:
             raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
         self.update_weights_from_tensors(state, version)
+
+    def _wake_locked(self) -> None:
+        """Sleep mode (CUDA only; vLLM's CPU build has none, so this path is not exercised by
+        the tests here): wake the engine before it generates or loads weights."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def _set_version_locked(self, version: int) -> None:
         self._version = int(version)
