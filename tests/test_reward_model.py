@@ -442,12 +442,16 @@ def test_ppo_loop_scores_equal_a_direct_forward_of_the_saved_model(tmp_path, tra
         batch, info = trainer.rollout.generate_batch()
     finally:
         trainer.close()
-    # one reward-model call per group (5 groups), in batch order
+    # one reward-model call per group (groups score concurrently: put them in batch order)
+    decoded = trainer.rollout.engine.rollout.decode_completions(batch)
+    n = trainer.config.gconfig.n_samples
+    order = [decoded[g : g + n] for g in range(0, len(decoded), n)]
+    seen.sort(key=lambda s: order.index(s[1]))
+    assert len(seen) == trainer.config.train_dataset.batch_size
     prompts = [p for s in seen for p in s[0]]
     completions = [c for s in seen for c in s[1]]
     scores = torch.cat([s[2] for s in seen])
-    assert len(seen) == 5
-    assert completions == trainer.rollout.engine.rollout.decode_completions(batch)
+    assert completions == decoded
     assert all(p.startswith("What is ") and "<|im_start|>" not in p for p in prompts)
     # raw scores (no norm, weight 1, verifiable_weight 0) are the rewards the batch trains on
     assert batch["rewards"].tolist() == pytest.approx(scores.tolist(), abs=1e-6)

@@ -3,7 +3,9 @@
 :class:`RemoteSGLangEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine`
 over :class:`~areal_m2po.engine.sglang_client.SGLangClient`. Its HTTP calls run on an asyncio
 loop in a thread of its own, so it serves workflows on any event loop and the trainer's
-thread alike. Each request goes to the next live server (round robin); a completion cut short
+thread alike. Each request goes to the next live server (round robin), except that requests
+with a context seen recently go to the server that got it (the ``n`` requests of a group share
+one server, and its prefix cache); a completion cut short
 by a weight update (finish ``abort``) is continued from the tokens it has, so its per-token
 versions say which weights made which token. New weights go through disk: one safetensors
 directory per version (:mod:`areal_m2po.engine.weight_files`), which every server loads with
@@ -19,6 +21,7 @@ the tokens they already have); otherwise, or when none is left, every call raise
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -36,6 +39,9 @@ from areal_m2po.engine.weight_files import prune_weights, write_weights
 logger = logging.getLogger("areal_m2po.remote_engine")
 
 __all__ = ["RemoteEngineOptions", "RemoteSGLangEngine", "RolloutServerError", "sglang_params"]
+
+
+_AFFINITY_SIZE = 4096  # contexts remembered for server affinity
 
 
 class RolloutServerError(RuntimeError):
@@ -105,6 +111,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self._alive: list[str] = list(addrs)
         self._dead: dict[str, asyncio.Event] = {}
         self._rr = 0
+        self._affinity: collections.OrderedDict[int, str] = collections.OrderedDict()
         self._version = 0
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,12 +237,22 @@ class RemoteSGLangEngine(InferenceEngine):
                     except RolloutServerError:
                         return
 
-    def _pick_server(self) -> str:
+    def _pick_server(self, context: list[int] | None = None) -> str:
+        """The next live server (round robin); a context seen recently goes where it went
+        (a GRPO group's ``n`` requests share one server and its prefix cache)."""
         if not self._alive:
             self._fail(RolloutServerError("no rollout server is left"))
             raise self._error  # type: ignore[misc]
-        addr = self._alive[self._rr % len(self._alive)]
-        self._rr += 1
+        key = hash(tuple(context)) if context is not None else None
+        addr = self._affinity.get(key) if key is not None else None
+        if addr is None or addr not in self._alive:
+            addr = self._alive[self._rr % len(self._alive)]
+            self._rr += 1
+        if key is not None:
+            self._affinity[key] = addr
+            self._affinity.move_to_end(key)
+            while len(self._affinity) > _AFFINITY_SIZE:
+                self._affinity.popitem(last=False)
         return addr
 
     async def _on_server(self, addr: str, coro: Any) -> Any:
@@ -268,7 +285,7 @@ class RemoteSGLangEngine(InferenceEngine):
         sample = Sample(prompt_ids=list(request.input_ids))
         params = sglang_params(request.sampling)
         max_new = request.sampling.max_new_tokens
-        addr = self._pick_server()
+        addr = self._pick_server(request.input_ids)
         while True:
             try:
                 call = self._client.generate(addr, sample, params, max_new)
