@@ -104,6 +104,7 @@ def bench_engines(model_path: str, rounds: int, threads: int) -> dict[str, float
     t0 = time.perf_counter()
     vllm.initialize()
     out: dict[str, float] = {"vllm_start_s": time.perf_counter() - t0}
+    print(f"vllm_start_s={out['vllm_start_s']:.4g}", flush=True)
     times: dict[str, list[float]] = {k: [] for k in ("hf_gen", "vllm_gen", "hf_upd", "vllm_upd")}
     tokens = {"hf": 0, "vllm": 0}
     last: list = []
@@ -113,6 +114,7 @@ def bench_engines(model_path: str, rounds: int, threads: int) -> dict[str, float
             t1 = time.perf_counter()
             engine.update_weights_from_tensors(model.state_dict(), version=i + 1)
             upd = time.perf_counter() - t1
+            print(f"round {i} {name}: gen {seconds:.3f} s, update {upd:.3f} s", flush=True)
             if i:
                 times[f"{name}_gen"].append(seconds)
                 times[f"{name}_upd"].append(upd)

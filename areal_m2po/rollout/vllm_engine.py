@@ -159,6 +159,14 @@ class VLLMInferenceEngine(InferenceEngine):
         on_gpu = cuda_available()
         check_vllm_model(self.model_path, on_gpu)
         os.environ.update(vllm_env(o.num_threads, o.kv_cache_gib, in_process=True))
+        if not on_gpu and os.environ.get("TORCHDYNAMO_DISABLE", "1") == "1":
+            # CPU: vLLM's sampler torch.compiles a helper (log-prob ranks), which compiles C++
+            # again for new batch shapes: 15-75 s stalls in the first rounds here. Eager is
+            # exact; the trainer compiles nothing. Set TORCHDYNAMO_DISABLE=0 to keep compiling.
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
         self._vllm = import_vllm()
         from transformers import AutoConfig
 
