@@ -98,3 +98,20 @@ def test_missing_vllm_is_one_line_before_anything_loads():
     msg = str(info.value)
     assert msg.startswith("backend: vllm: vLLM is not importable in ") and "\n" not in msg
     assert "bash scripts/install.sh --vllm" in msg
+
+
+def test_server_command():
+    from areal_m2po.rollout.vllm_servers import VLLMServerOptions, server_command
+
+    o = VLLMServerOptions(model_path="/m", max_model_len=64, seed=2, extra_args=("--x", "1"))
+    cpu = server_command(o, 1234, 1, on_gpu=False)
+    assert cpu[1:3] == ["-m", "areal_m2po.rollout.vllm_server_main"]
+    after = cpu[cpu.index("--") + 1 :]
+    for flag, value in (("--port", "1234"), ("--seed", "2001"), ("--tokenizer", "/m")):
+        assert after[after.index(flag) + 1] == value
+    assert after[after.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert (
+        "--enforce-eager" in after and "--enable-scale-out" in after and after[-2:] == ["--x", "1"]
+    )
+    gpu = server_command(o, 1234, 0, on_gpu=True)
+    assert "--enforce-eager" not in gpu and "--gpu-memory-utilization" in gpu

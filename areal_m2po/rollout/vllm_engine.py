@@ -180,7 +180,7 @@ class VLLMInferenceEngine(InferenceEngine):
             dtype=o.dtype,
             max_model_len=o.max_model_len,
             seed=o.seed,
-            enforce_eager=True,
+            enforce_eager=not on_gpu,  # CPU: compiled mode took ~100 s to start, no faster
             logprobs_mode="processed_logprobs",
             max_num_seqs=o.max_num_seqs,
         )

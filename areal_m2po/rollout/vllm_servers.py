@@ -66,10 +66,12 @@ def server_command(o: VLLMServerOptions, port: int, index: int, on_gpu: bool) ->
     cmd += ["--model", o.model_path, "--tokenizer", o.tokenizer_path or o.model_path]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", o.dtype]
     cmd += ["--max-model-len", str(o.max_model_len), "--seed", str(o.seed * 1000 + index)]
-    cmd += ["--enforce-eager", "--logprobs-mode", "processed_logprobs", "--enable-scale-out"]
+    cmd += ["--logprobs-mode", "processed_logprobs", "--enable-scale-out"]
     cmd += ["--worker-extension-cls", WORKER_EXTENSION, "--disable-log-stats"]
     if on_gpu:
         cmd += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
+    else:  # compiled mode took ~100 s to start on CPU and was no faster
+        cmd += ["--enforce-eager"]
     return cmd + list(o.extra_args)
 
 
@@ -84,10 +86,11 @@ class VLLMServerProcesses:
         atexit.register(self.stop)
         env = vllm_env(options.num_threads, options.kv_cache_gib, in_process=False)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        # vLLM's sampler torch.compiles a helper (token ranks of the log-probs); on CPU that
+        # CPU: vLLM's sampler torch.compiles a helper (token ranks of the log-probs); that
         # compiles C++ at the first request, which hung past vLLM's RPC timeout on this
         # loaded 2-core machine. Eager is exact and costs nothing measurable here.
-        env.setdefault("TORCHDYNAMO_DISABLE", "1")
+        if not on_gpu:
+            env.setdefault("TORCHDYNAMO_DISABLE", "1")
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core
         for i in range(n):
             port = free_port()
