@@ -308,7 +308,7 @@ class TrainEngineConfig:
 # ---------------------------------------------------------------------------------------------
 
 # Choice lists of the loss/advantage maths, defined once: the config fields below and the pure
-# maths (areal_m2po.utils.losses / advantages) both use these tuples.
+# maths (areal_m2po.algo) both use these tuples.
 NORM_LEVELS = ("batch", "group", None)
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -316,6 +316,8 @@ REJECTION_ACTIONS = ("mask", "clamp")
 REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
 REJECTION_AGGS = ("mean", "sum", "max")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ADV_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_pp")
+_OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # one score per sequence, no critic
 
 
 @dataclass
@@ -535,6 +537,15 @@ class ActorConfig(TrainEngineConfig):
     )
     discount: float = _field(1.0, "GAE discount gamma.")
     gae_lambda: float = _field(1.0, "GAE lambda.")
+    adv_estimator: str | None = _field(
+        None,
+        "Advantage estimator: grpo (each sequence's score, normalised by adv_norm), gae (the KL "
+        "penalty and the score on the last token through GAE with the critic's values, zeros "
+        "without a critic), rloo (leave-one-out group mean baseline), reinforce_pp (REINFORCE++ "
+        "baseline: group mean, then batch whitening), or 'package.module:function' (the "
+        "AdvantageEstimator contract in areal_m2po/algo/advantages.py); null = gae with a "
+        "critic or a KL reward penalty (kl_ctl > 0), else grpo.",
+    )
     mask_no_eos_with_zero: bool = _field(
         False,
         "Give truncated sequences (no EOS within max_new_tokens) a score of 0 after reward "
@@ -605,6 +616,24 @@ class ActorConfig(TrainEngineConfig):
         _check_number("reward_clip", self.reward_clip, gt=0)
         _check_number("discount", self.discount, ge=0, le=1)
         _check_number("gae_lambda", self.gae_lambda, ge=0, le=1)
+        _check_str("adv_estimator", self.adv_estimator, optional=True)
+        est = self.adv_estimator
+        if est in _OUTCOME_ESTIMATORS and self.kl_ctl > 0:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est} takes one score per sequence; the KL reward penalty (kl_ctl > 0) is per "
+                "token: use gae (or null)",
+            )
+        if est in ("rloo", "reinforce_pp") and self.adv_norm is not None:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est} brings its own baseline and scale; set actor.adv_norm=null",
+            )
+        if est is not None and est not in ADV_ESTIMATORS and ":" not in est and "." not in est:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est!r} is neither a built-in {ADV_ESTIMATORS} nor 'package.module:function'",
+            )
         _check_bool("mask_no_eos_with_zero", self.mask_no_eos_with_zero)
         _check_bool("overlong_filtering", self.overlong_filtering)
         _check_bool("overlong_reward_penalty", self.overlong_reward_penalty)
@@ -1374,8 +1403,18 @@ class PPOConfig:
                 )
 
     def _check_critic_baseline(self) -> None:
-        """Group centring of the advantages would discard the critic's baseline."""
+        """Group centring of the advantages would discard the critic's baseline; an outcome
+        estimator would ignore the critic; RLOO needs two samples per prompt."""
         actor = self.actor
+        est = actor.adv_estimator
+        if est in _OUTCOME_ESTIMATORS and self.critic.enabled:
+            raise ConfigError(
+                "actor.adv_estimator", f"{est} ignores the critic: use gae with critic.enabled"
+            )
+        if est == "rloo" and self.gconfig.n_samples < 2:
+            raise ConfigError(
+                "actor.adv_estimator", "rloo needs gconfig.n_samples >= 2 (a leave-one-out mean)"
+            )
         if (
             self.critic.enabled
             and actor.adv_norm is not None

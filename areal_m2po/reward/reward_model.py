@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.bradley_terry import pool_last_token
 from areal_m2po.api.cli_args import RewardModelConfig
 from areal_m2po.dataset.preference import encode_reward_model_text
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.utils import dist
-from areal_m2po.utils.reward_model_loss import pool_last_token
 
 __all__ = [
     "LastTokenScorer",

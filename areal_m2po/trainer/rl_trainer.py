@@ -64,8 +64,7 @@ class RLTrainer:
         actor_loss_fn: the actor's micro-batch loss
             (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
             ``actor.loss_fn`` (setting both is refused); None: the config's.
-        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`), told about
-            every step and phase.
+        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`) of each phase.
     """
 
     def __init__(
@@ -174,6 +173,7 @@ class RLTrainer:
             cfg.gconfig.n_samples,
             cfg.gconfig.max_new_tokens,
             loss_fn=self.actor_loss_fn,
+            has_critic=cfg.critic.enabled,
             phases=self.phases,
         )
         self.ref_engine = None
