@@ -2,8 +2,8 @@
 
 Run from an environment with vLLM (``bash scripts/install.sh --vllm``)::
 
-    OMP_NUM_THREADS=1 python scripts/bench_vllm.py                 # SmolLM2-135M, 8 x 8 x 16
-    OMP_NUM_THREADS=1 python scripts/bench_vllm.py --train-steps 0 # engines only
+    OMP_NUM_THREADS=1 python scripts/bench/bench_vllm.py                 # SmolLM2-135M, 8 x 8 x 16
+    OMP_NUM_THREADS=1 python scripts/bench/bench_vllm.py --train-steps 0 # engines only
 
 Both engines hold the same weights (``--model``, fp32) and serve the main job's batch: 8 prompts
 of the built-in arithmetic task through the chat template, 8 samples each, at most 16 new tokens,
@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _prompts(tokenizer: Any, n: int) -> list[list[int]]:

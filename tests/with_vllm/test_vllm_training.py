@@ -16,7 +16,7 @@ from vllm_helpers import write_tiny_vllm_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,9 @@ def _args(run_dir, model, steps, *extra):
 
 
 def _spawn(args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "support")])
+    )
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.Popen(
         [sys.executable, "-m", "areal_m2po.train", *args],
