@@ -1,4 +1,4 @@
-"""The command line shared by ``python -m areal_m2po.train`` and ``python -m areal_m2po.train_rm``:
+"""The command line shared by ``python -m areal_m2po.train``, ``train_rm`` and ``train_sft``:
 ``--help``, ``--print-config``, the config (defaults, ``--config FILE.yaml``, ``KEY=VALUE``) and
 the exit status.
 

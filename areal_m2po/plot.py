@@ -10,7 +10,10 @@ Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG of six panels against the tra
   in nats: how far the policy moved since it generated the batch, the drift M2PO watches;
 * the policy entropy per token (nats) and the mean generation length (tokens).
 
-A panel whose metrics the run did not log (M2PO off, no evaluation) says so.
+A panel whose metrics the run did not log (M2PO off, no evaluation) says so. A supervised
+fine-tuning run (``python -m areal_m2po.train_sft``, metrics ``sft/...``) gets its own panels
+(:data:`SFT_PANELS`): training and held-out loss, held-out perplexity, gradient norm, learning
+rate and completion tokens per step.
 """
 
 from __future__ import annotations
@@ -54,6 +57,24 @@ PANELS = (
         "generation length", (("rollout/gen_len_mean", "rollout/gen_len_mean"),), ylabel="tokens"
     ),
 )
+
+SFT_PANELS = (
+    Panel(
+        "loss (nats per completion token)",
+        (("sft/loss", "train"), ("eval/loss", "held-out")),
+        ylabel="nats / token",
+    ),
+    Panel("held-out perplexity", (("eval/perplexity", "eval/perplexity"),), log_y=True),
+    Panel("gradient norm (before clipping)", (("sft/grad_norm", "sft/grad_norm"),)),
+    Panel("learning rate", (("sft/lr", "sft/lr"),)),
+    Panel("completion tokens per step", (("sft/n_tokens", "sft/n_tokens"),), ylabel="tokens"),
+    Panel("step time", (("timing/step_s", "timing/step_s"),), ylabel="s"),
+)
+
+
+def panels_for(records: list[dict[str, Any]]) -> tuple[Panel, ...]:
+    """:data:`SFT_PANELS` for a run that logged ``sft/loss``, else the RL run's :data:`PANELS`."""
+    return SFT_PANELS if any("sft/loss" in r for r in records) else PANELS
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
@@ -112,14 +133,14 @@ def _draw_panel(ax: Any, panel: Panel, records: list[dict[str, Any]]) -> None:
 
 
 def build_figure(records: list[dict[str, Any]], title: str = "") -> Any:
-    """A matplotlib Figure with one axis per :data:`PANELS` entry, in that order."""
+    """A matplotlib Figure with one axis per entry of :func:`panels_for`, in that order."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), constrained_layout=True)
-    for ax, panel in zip(axes.flat, PANELS):
+    for ax, panel in zip(axes.flat, panels_for(records)):
         _draw_panel(ax, panel, records)
     if title:
         fig.suptitle(title, fontsize=9)

@@ -1,5 +1,10 @@
-"""RLHF end to end on the built-in arithmetic task: preference pairs -> reward model -> PPO.
+"""RLHF end to end on the built-in arithmetic task: SFT -> preference pairs -> reward model -> PPO.
 
+0. **SFT.** ``python -m areal_m2po.train_sft`` fine-tunes SmolLM2-135M-Instruct on the correct
+   answers of training problems (its built-in default) and reports the held-out loss before and
+   after; the fine-tuned model is the policy of every later stage, the body the reward model
+   starts from and the KL reference of PPO (``--sft-steps 0`` skips it and starts from the
+   instruction-tuned model itself).
 1. **Preference pairs from the policy's own samples.** The policy (SmolLM2-135M-Instruct)
    answers training problems: one greedy answer and ``--samples`` sampled ones per problem.
    The answer checker labels them; for a problem with a right and a wrong answer, (right,
@@ -23,7 +28,8 @@
 
 ``--tiny`` exercises every stage with the tiny random model, which never answers a sum right;
 its pairs are labelled by the share of digits in the answer instead (a stand-in for the stand-in).
-Everything is written under ``--output-dir``: ``pairs/{train,valid}.jsonl``, ``rm/`` (the reward
+Everything is written under ``--output-dir``: ``sft/`` (the SFT run; ``sft/checkpoints/final``
+is the model), ``pairs/{train,valid}.jsonl``, ``rm/`` (the reward
 model run; ``rm/checkpoints/final`` is the model), ``ppo/`` (the PPO run) and ``summary.json``.
 """
 
@@ -175,6 +181,38 @@ def run_stage(module: str, overrides: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", module, *overrides], check=False).returncode
 
 
+def run_sft(args: argparse.Namespace, out_dir: str) -> dict:
+    """Stage 0: supervised fine-tuning of ``args.policy`` on correct answers (train_sft's
+    built-in default data); the fine-tuned model becomes the policy and the reward model's
+    base."""
+    t0 = time.perf_counter()
+    run_dir = os.path.join(out_dir, "sft")
+    status = run_stage(
+        "areal_m2po.train_sft",
+        [
+            f"model.path={args.policy}",
+            f"output_dir={run_dir}",
+            f"total_train_steps={args.sft_steps}",
+            f"model.optimizer.lr={args.sft_lr}",
+            "evaluator.freq_steps=null",
+            "stats_logger.progress_bar=false",
+            *args.sft,
+        ],
+    )
+    if status != 0:
+        raise SystemExit(f"train_sft failed with status {status}")
+    metrics = read_metrics(run_dir)
+    evals = [m for m in metrics if "eval/loss" in m]
+    return {
+        "path": os.path.join(run_dir, "checkpoints", "final"),
+        "steps": metrics[-1]["step"],
+        "eval_loss_before": evals[0]["eval/loss"],
+        "eval_loss": evals[-1]["eval/loss"],
+        "eval_perplexity": evals[-1]["eval/perplexity"],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
     t0 = time.perf_counter()
     pairs = os.path.join(out_dir, "pairs")
@@ -280,7 +318,8 @@ def reward_gap(per_step: list[dict[str, float]], window: int) -> dict[str, float
 
 TINY = {
     "policy": "builtin:tiny",
-    "rm_base": "builtin:tiny",
+    "sft_steps": 3,
+    "sft_lr": 1e-3,
     "pair_prompts": 16,
     "samples": 4,
     "max_new_tokens": 8,
@@ -312,7 +351,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output-dir", default=None, help="default: outputs/rlhf-demo (tiny: a temp dir)"
     )
     p.add_argument("--policy", default=SMOLLM2, help="policy model (also samples the pairs)")
-    p.add_argument("--rm-base", default=SMOLLM2, help="model the reward model starts from")
+    p.add_argument(
+        "--rm-base",
+        default=None,
+        help="model the reward model starts from (default: the SFT model, else --policy)",
+    )
+    p.add_argument("--sft-steps", type=int, default=30, help="SFT steps (0: no SFT stage)")
+    p.add_argument("--sft-lr", type=float, default=2e-5)
+    p.add_argument("--sft", nargs="*", default=[], help="extra train_sft KEY=VALUE overrides")
     p.add_argument("--pair-prompts", type=int, default=64, help="training problems sampled")
     p.add_argument("--samples", type=int, default=7, help="sampled answers per problem (+1 greedy)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
@@ -347,6 +393,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.perf_counter()
     label = digit_share_label if args.tiny else checker_label
+    sft = None
+    if args.sft_steps > 0:
+        sft = run_sft(args, out_dir)
+        print(
+            f"[0/3] SFT: held-out loss {sft['eval_loss_before']:.3f} -> {sft['eval_loss']:.3f} "
+            f"nats per answer token (perplexity {sft['eval_perplexity']:.3f}), {sft['steps']} "
+            f"steps ({sft['seconds']:.0f} s)",
+            flush=True,
+        )
+        args.policy = sft["path"]  # the policy, the KL reference and the reward model's body
+    if args.rm_base is None:
+        args.rm_base = args.policy
     pairs = collect_pairs(args, out_dir, label)
     print(
         f"[1/3] pairs: {pairs['problems']} problems x {args.samples + 1} answers, "
@@ -385,6 +443,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     summary = {
         "args": vars(args),
+        "sft": sft,
         "pairs": pairs,
         "reward_model": rm,
         "ppo": ppo,

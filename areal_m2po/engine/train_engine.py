@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from areal_m2po.api.cli_args import TrainEngineConfig
-from areal_m2po.engine import fsdp
+from areal_m2po.api.cli_args import RefConfig, TrainEngineConfig
+from areal_m2po.engine import fsdp, lora
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.forward import (
     LOGPROB_CHUNK_BYTES,
@@ -143,6 +143,8 @@ class HFTrainEngine:
             return
         if config.gradient_checkpointing:
             raw.gradient_checkpointing_enable()
+        if config.lora is not None:  # only the adapters (and a head) require gradients
+            raw = self._with_lora(raw)
         if self.sharded:
             raw = self._place(raw)
         optimizer, scheduler = build_optimizer(raw.parameters(), config.optimizer, total_steps)
@@ -152,6 +154,19 @@ class HFTrainEngine:
         else:
             self.model, self.optimizer = accelerator.prepare(raw, optimizer)
         self.scheduler = scheduler
+
+    def _with_lora(self, raw: torch.nn.Module) -> torch.nn.Module:
+        """``raw`` wrapped with the LoRA adapter of ``config.lora`` (:mod:`engine.lora`)."""
+        assert self.config.lora is not None
+        model = lora.apply_lora(raw, self.config.lora)
+        if self.config.gradient_checkpointing:  # frozen embeddings: checkpoints need an input grad
+            model.enable_input_require_grads()
+        return model
+
+    @property
+    def lora(self) -> bool:
+        """Whether the model trains a LoRA adapter (``config.lora``)."""
+        return getattr(self.config, "lora", None) is not None and self.trainable
 
     def _place(self, raw: torch.nn.Module) -> torch.nn.Module:
         """The model on this process's device; sharded over all processes with fsdp2."""
@@ -434,10 +449,40 @@ class HFTrainEngine:
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` of every model state entry, one at a time (for the rollout
         engine). Sharded: gathered one tensor at a time; a collective every rank must consume
-        to the end."""
+        to the end. With LoRA: the merged weights under the base model's names."""
+        stream = self.full_tensors_raw()
+        if self.lora:  # the base model's names, W + s * B @ A layer by layer
+            return lora.merged_named_tensors(stream, lora.lora_scalings(self.unwrapped))
+        return stream
+
+    def full_tensors_raw(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`full_tensors` as the model names them (a LoRA model's adapters unmerged)."""
         if self.sharded:
             return fsdp.iter_full_tensors(self.model)
         return iter(self.unwrapped.state_dict().items())
+
+    @torch.no_grad()
+    def compute_base_logprobs(
+        self, batch: Batch, temperature: float, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`compute_logprobs` of the base model, the LoRA adapter disabled (the KL
+        reference policy of a LoRA actor, without a second copy of the weights)."""
+        assert self.lora, "compute_base_logprobs needs a LoRA engine"
+        with lora.adapter_disabled(self.unwrapped):
+            return self.compute_logprobs(batch, temperature, compute_entropy)
+
+    def lora_reference(self, ref: RefConfig, kl_ctl: float) -> Any:
+        """The KL reference policy of a LoRA actor as its own base model, adapter disabled
+        (:class:`~areal_m2po.engine.lora_reference.LoRABaseReference`: no second copy of the
+        weights), when a KL term is on (``kl_ctl > 0``) and the reference is that model
+        (``ref.path`` null or this model's path, same dtype); else None (a reference engine
+        is loaded, or none is needed)."""
+        same = ref.path in (None, self.config.path) and ref.dtype == self.config.dtype
+        if not (self.lora and same and kl_ctl > 0):
+            return None
+        from areal_m2po.engine.lora_reference import LoRABaseReference
+
+        return LoRABaseReference(self)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model weights on every rank (a collective when sharded)."""
@@ -446,6 +491,11 @@ class HFTrainEngine:
     def build_full_model(self) -> torch.nn.Module:
         """An unsharded copy of the model on this rank's device, e.g. to seed the rollout
         engine (a collective when sharded: the weights are gathered tensor by tensor)."""
+        if self.lora:  # a plain model holding the merged weights
+            dtype = _TORCH_DTYPES[self.config.dtype]
+            return lora.merged_model_from(
+                self.unwrapped, self.full_tensors_raw(), self.device, dtype
+            )
         if not self.sharded:
             return copy.deepcopy(self.unwrapped)
         from transformers import AutoModelForCausalLM
@@ -462,12 +512,17 @@ class HFTrainEngine:
 
     def save_hf(self, path: str, tokenizer: Any | None = None) -> None:
         """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes
-        (sharded: the full weights are gathered to rank 0's CPU first)."""
+        (sharded: the full weights are gathered to rank 0's CPU first). With LoRA: the adapter,
+        and the merged model in ``path/merged`` when ``lora.save_merged``."""
         if self.sharded:
             state = fsdp.full_state_dict_on_rank0(self.model)
         else:
             state = self.accelerator.get_state_dict(self.model)
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process and self.lora:
+            assert self.config.lora is not None
+            save_merged = self.config.lora.save_merged
+            lora.save_lora_pretrained(self.unwrapped, path, state, save_merged, tokenizer)
+        elif self.accelerator.is_main_process:
             self.unwrapped.save_pretrained(path, state_dict=state, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)

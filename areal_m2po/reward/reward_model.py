@@ -108,6 +108,8 @@ def forward_scores(
     count the attended tokens, so padding does not change a score. Keeps the autograd graph.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if hasattr(model, "get_base_model"):  # a peft (LoRA) wrapper: its adapted inner model
+        model = model.get_base_model()
     hidden = model.base_model(  # type: ignore[operator]
         input_ids=input_ids,
         attention_mask=attention_mask.long(),

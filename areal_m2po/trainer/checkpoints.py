@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from areal_m2po.api.cli_args import PPOConfig
+from areal_m2po.api.cli_args import PPOConfig, SFTConfig
 from areal_m2po.utils import dist, recover
 
 __all__ = ["PartLoaders", "RecoverCheckpoints"]
@@ -51,15 +51,23 @@ class RecoverCheckpoints:
     """The recover checkpoints of one run, under ``<output_dir>/recover``.
 
     Args:
-        config: the run's config (its ``recover`` section and the :data:`MUST_MATCH` items).
+        config: the run's config (its ``recover`` section and the ``must_match`` items).
         output_dir: the run's output directory.
         is_main: whether this is rank 0 (it chooses, lists and writes).
+        must_match: dotted config keys (scalar values) a resumed run must share with the run
+            that wrote the checkpoint (default: the PPO trainer's, :data:`MUST_MATCH`).
     """
 
-    def __init__(self, config: PPOConfig, output_dir: str, is_main: bool) -> None:
+    def __init__(
+        self,
+        config: PPOConfig | SFTConfig,
+        output_dir: str,
+        is_main: bool,
+        must_match: Sequence[str] = MUST_MATCH,
+    ) -> None:
         self.root = recover.recover_root(output_dir)
         self.config = config.recover
-        self.must_match = {key: _dotted(config, key) for key in MUST_MATCH}
+        self.must_match = {key: _dotted(config, key) for key in must_match}
         self.is_main = is_main
         self.rank, self.world = dist.rank(), dist.world_size()
         self._stale: list[str] = []  # recover.mode=disabled: deleted at the first save

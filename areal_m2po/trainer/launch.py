@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from areal_m2po.api.cli_args import ConfigError, PPOConfig
+from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 
 _MULTI = ("MULTI_GPU", "MULTI_CPU")
 _LAUNCH = "accelerate launch --multi_gpu --num_processes N (N >= 2)"
@@ -43,10 +43,22 @@ def check_launch(
     engines = [("actor", config.actor)]
     if config.critic.enabled:
         engines.append(("critic", config.critic))
+    check_engine_launch(engines, distributed_type, world, cuda_available, mixed_precision)
+
+
+def check_engine_launch(
+    engines: list[tuple[str, TrainEngineConfig]],
+    distributed_type: str,
+    world: int,
+    cuda_available: bool,
+    mixed_precision: str,
+) -> None:
+    """:func:`check_launch` for the trainable engines ``(config key, section)`` of any trainer
+    (the PPO actor and critic, the SFT model)."""
     if distributed_type == "DEEPSPEED":
         raise ConfigError(
-            "actor.backend",
-            "DeepSpeed is not supported; shard with FSDP2 instead: actor.backend=fsdp2 under "
+            f"{engines[0][0]}.backend",
+            f"DeepSpeed is not supported; shard with FSDP2 instead: {engines[0][0]}.backend=fsdp2 under "
             f"`{_LAUNCH}`",
         )
     if distributed_type == "FSDP":

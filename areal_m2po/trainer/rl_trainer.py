@@ -176,8 +176,8 @@ class RLTrainer:
             has_critic=cfg.critic.enabled,
             phases=self.phases,
         )
-        self.ref_engine = None
-        if cfg.actor.kl_ctl > 0:
+        self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
+        if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
             ref_cfg = TrainEngineConfig(
                 path=cfg.ref.path or cfg.actor.path,
                 dtype=cfg.ref.dtype,
@@ -222,7 +222,8 @@ class RLTrainer:
 
         def policy_model() -> torch.nn.Module:
             # sharded: an unsharded copy gathered once (the engine copies what it is given)
-            return engine.build_full_model() if engine.sharded else engine.unwrapped
+            # lora: a plain model holding the merged weights
+            return engine.build_full_model() if engine.sharded or engine.lora else engine.unwrapped
 
         parts = RolloutParts(
             tokenizer=self.tokenizer,

@@ -99,6 +99,12 @@ class RWTrainer:
         )
         if mcfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if mcfg.lora is not None:  # adapters and the score head train; the body stays frozen
+            from areal_m2po.engine.lora import apply_lora
+
+            model = apply_lora(model, mcfg.lora)
+            if mcfg.gradient_checkpointing:
+                model.enable_input_require_grads()
         optimizer, self.scheduler = build_optimizer(
             model.parameters(), mcfg.optimizer, self.total_steps
         )
@@ -210,13 +216,21 @@ class RWTrainer:
         return stats
 
     def save_hf(self, tag: str) -> str:
-        """``save_pretrained`` of the reward model and its tokenizer; rank 0 writes."""
+        """``save_pretrained`` of the reward model and its tokenizer; rank 0 writes. With
+        ``model.lora``: the adapter and score head, and with ``lora.save_merged`` the merged
+        model in ``<path>/merged`` (what ``reward.model.path`` of PPO loads)."""
         path = os.path.join(self.output_dir, "checkpoints", tag)
         state = self.accelerator.get_state_dict(self.scorer)
+        lora_cfg = self.config.model.lora
         if self.is_main:
             inner = {k.removeprefix("model."): v for k, v in state.items()}
-            self.model.save_pretrained(path, state_dict=inner, safe_serialization=True)
-            self.tokenizer.save_pretrained(path)
+            if lora_cfg is not None:  # the adapter (+ score head), and merged on request
+                from areal_m2po.engine.lora import save_lora_pretrained
+
+                save_lora_pretrained(self.model, path, inner, lora_cfg.save_merged, self.tokenizer)
+            else:
+                self.model.save_pretrained(path, state_dict=inner, safe_serialization=True)
+                self.tokenizer.save_pretrained(path)
             logger.info("saved reward model (HF format) to %s", path)
         self.accelerator.wait_for_everyone()
         return path

@@ -23,6 +23,8 @@ _CONSOLE_FIELDS = (
     ("eval/accuracy", "eval_acc", "{:.3f}"),
     ("train/loss", "rm_loss", "{:.4f}"),
     ("train/accuracy", "rm_acc", "{:.3f}"),
+    ("sft/loss", "sft_loss", "{:.4f}"),
+    ("eval/perplexity", "eval_ppl", "{:.3f}"),
     ("reward/model_score", "rm_score", "{:+.3f}"),
     ("actor/loss", "loss", "{:+.4f}"),
     ("actor/grad_norm", "gnorm", "{:.3f}"),

@@ -49,7 +49,12 @@ def test_reward_gap_by_hand(ex):
 def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
     summary = ex["main"](["--tiny", "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
+    assert "[0/3] SFT" in out
     assert "[1/3] pairs:" in out and "[2/3] reward model" in out and "[3/3] PPO" in out
+    sft = summary["sft"]
+    assert sft["steps"] == 3 and sft["eval_loss"] < sft["eval_loss_before"]
+    assert summary["args"]["policy"] == sft["path"] == summary["args"]["rm_base"]
+    assert (Path(sft["path"]) / "model.safetensors").is_file()
     pairs = summary["pairs"]
     assert pairs["train_pairs"] > 0 and pairs["valid_pairs"] > 0
     assert (tmp_path / "pairs" / "train.jsonl").is_file()
@@ -63,4 +68,5 @@ def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
     cfg = yaml.safe_load((tmp_path / "ppo" / "config.yaml").read_text())
     assert cfg["reward"]["model"]["path"] == rm["path"]
     assert cfg["reward"]["model"]["verifiable_weight"] == 0.0
+    assert cfg["actor"]["path"] == sft["path"]  # PPO starts from (and stays near) the SFT model
     assert (tmp_path / "summary.json").is_file()

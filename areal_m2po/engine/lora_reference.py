@@ -1,0 +1,32 @@
+"""The KL reference policy of a LoRA actor: the actor's own base model, adapter disabled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from areal_m2po.utils.data import Batch
+
+__all__ = ["LoRABaseReference"]
+
+
+class LoRABaseReference:
+    """Reference log-probs from a LoRA engine's base weights (``compute_logprobs`` as a frozen
+    reference engine has it): the weights the adapter started from, no second copy kept.
+
+    Args:
+        engine: the actor's :class:`~areal_m2po.engine.train_engine.HFTrainEngine` (LoRA on).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        if not engine.lora:
+            raise ValueError("LoRABaseReference needs an engine with a LoRA adapter")
+        self.engine = engine
+
+    def compute_logprobs(
+        self, batch: Batch, temperature: float, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs (and entropies) of the batch's tokens under the base model, float32
+        ``[B, T]`` (see :meth:`HFTrainEngine.compute_base_logprobs`)."""
+        return self.engine.compute_base_logprobs(batch, temperature, compute_entropy)  # type: ignore[no-any-return]

@@ -1,0 +1,44 @@
+"""scripts/bench_lora.py: the figures by hand, and (slow) a run on the tiny shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_lora.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_lora", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_figures_by_hand():
+    bench = _load()
+    full = {"state_bytes": 400, "peak_above_base": 100, "step_s": 2.0, "n_params": 100}
+    lora = {"state_bytes": 8, "peak_above_base": 40, "step_s": 1.0, "n_trainable": 2}
+    out = bench.figures(full, lora)
+    assert out["lora_state_bytes_ratio"] == pytest.approx(0.02)
+    assert out["lora_peak_mem_ratio"] == pytest.approx(0.4)
+    assert out["lora_step_time_ratio"] == pytest.approx(0.5)
+    assert out["lora_trainable_fraction"] == pytest.approx(0.02)
+
+
+@pytest.mark.slow
+def test_bench_lora_tiny(capsys):
+    bench = _load()
+    out = bench.main(["--shape", "tiny", "--rank", "2", "--seq", "16", "--steps", "1"])
+    printed = dict(
+        line.split("=", 1) for line in capsys.readouterr().out.splitlines() if "=" in line
+    )
+    for key in ("lora_state_bytes_ratio", "lora_peak_mem_ratio", "lora_step_time_ratio"):
+        assert key in printed and math.isfinite(float(printed[key])) and out[key] > 0
+    # AdamW: parameters, gradients and two moments, 4 float32 copies of what trains, both ways
+    assert out["lora_state_bytes_ratio"] == pytest.approx(out["lora_trainable_fraction"])
+    assert out["lora_state_bytes_ratio"] < 0.5
