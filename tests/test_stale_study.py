@@ -369,3 +369,86 @@ def test_train_command_and_device_slots(study):
     assert device_slots(2, 1, "4,5,6") == ["4", "5"]
     with pytest.raises(ValueError, match="need 4 devices"):
         device_slots(2, 2, "0,1")
+
+
+def test_round3_verdict_rules(study):
+    from study import verdicts_r3 as v
+
+    def d(lo: float, hi: float) -> dict:
+        return {"n": 3, "mean": (lo + hi) / 2, "se": (hi - lo) / 8.6, "lo": lo, "hi": hi}
+
+    assert v.MARGIN_AUC == 0.03
+    # loses: below 0 / a 3-point loss excluded / neither
+    assert v.loses(d(-0.10, -0.01)) == "reproduced"
+    assert v.loses(d(-0.029, 0.05)) == "not reproduced"
+    assert v.loses(d(-0.08, 0.02)) == "inconclusive at this power"
+    # keeps (non-inferiority at 3 points): the mirror image, the boundary itself not enough
+    assert v.keeps(d(-0.029, 0.05)) == "reproduced"
+    assert v.keeps(d(-0.03, 0.05)) == "inconclusive at this power"
+    assert v.keeps(d(-0.10, -0.01)) == "not reproduced"
+    # beats
+    assert v.beats(d(0.001, 0.05)) == "reproduced"
+    assert v.beats(d(-0.05, -0.001)) == "not reproduced"
+    assert v.beats(d(-0.02, 0.02)).startswith("not reproduced (no difference")
+    assert v.beats(d(-0.05, 0.02)) == "inconclusive at this power"
+    # the regime: at most 1% masked
+    assert v.in_paper_regime(0.01) == "yes" and v.in_paper_regime(0.0101) == "no"
+    assert v.describe(d(-0.05, -0.01)) == (
+        "AUC -3.0 points (standard error 0.5, 95% interval -5.0 to -1.0, 3 seeds)"
+    )
+
+
+def _fake_run(root: Path, name: str, acc0: float, acc40: float, masked: float = 0.0) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    records = [
+        {"step": 0, "eval/accuracy": acc0, "eval/n": 256},
+        {
+            "step": 1,
+            "actor/grad_norm": 1.0,
+            "m2po/masked_fraction": masked,
+            "actor/clip_fraction": masked,
+            "m2po/trust_region_fraction": 0.25,
+        },
+        {"step": 40, "eval/accuracy": acc40, "eval/n": 256},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "done.json").write_text("{}")
+
+
+def test_round3_report_from_run_directories(study, tmp_path):
+    from study.round3 import Round3, collect, verdicts, write
+
+    root = tmp_path / "runs"
+    # AUC with evaluations at 0 and 40 only: (acc0 + acc40) / 2
+    for seed, top in ((1, 0.8), (2, 0.9)):
+        _fake_run(root, f"grpo_onpolicy_s0_seed{seed}", 0.2, top)  # AUC 0.50, 0.55
+        _fake_run(root, f"grpo_s4_seed{seed}", 0.2, top - 0.2)  # 0.1 below, both seeds
+        _fake_run(root, f"m2po_s4_seed{seed}", 0.2, top, masked=0.004)  # equal
+    _fake_run(root, "m2po_tr_s4_seed1", 0.2, 0.8)  # one seed only: pending
+    plan = Round3(regime_staleness=4, seeds=(1, 2))
+    rows = collect([str(root)], plan)
+    assert {k: len(v) for k, v in rows.items()} == {
+        ("grpo_onpolicy", 0): 2,
+        ("grpo", 4): 2,
+        ("m2po", 4): 2,
+        ("m2po_tr", 4): 1,
+    }
+    got = {claim: (verdict, numbers) for claim, verdict, numbers in verdicts(rows, plan)}
+    assert got["s=4 is the paper's regime (M2PO masks at most 1% of the tokens)"][0] == "yes"
+    assert got["clipped GRPO loses accuracy at s=4"] == (
+        "reproduced",
+        "AUC -10.0 points (standard error 0.0, 95% interval -10.0 to -10.0, 2 seeds)",
+    )
+    assert got["M2PO (all tokens) keeps on-policy accuracy at s=4"][0] == "reproduced"
+    assert got["M2PO (all tokens) beats clipped GRPO at s=4"][0] == "reproduced"
+    assert got["M2PO (trust-region tokens) keeps on-policy accuracy at s=4"][0] == "pending"
+    md = tmp_path / "r3.md"
+    assert write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd") == 7
+    text = md.read_text()
+    assert "| M2PO, all tokens | 4 | 2 of 2 | 85.0 ± 5.0 |" in text
+    assert "| 0.40 ± 0.00 |" in text and "<!-- reading:start -->" in text
+    # the hand-written reading survives a regeneration
+    md.write_text(text.replace("(not written yet)", "my reading"))
+    write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd")
+    assert "my reading" in md.read_text()

@@ -511,6 +511,10 @@ def write_report(inp: ReportInputs, command: str) -> list[dict[str, Any]]:
         "reading markers is written by hand. Regenerate with "
         "`python scripts/stale_study.py --replot`.",
         "",
+        "Round 3 (the paper's regime, where the second moment sits near the threshold, and the "
+        "paper's final Algorithm 1 over the trust-region quadrant tokens): "
+        "[stale_study_round3.md](stale_study_round3.md).",
+        "",
         "## Status",
         "",
         *status_section(inp, rows),
