@@ -9,7 +9,9 @@ Run::
 It runs ``RLTrainer`` on ``configs/default.yaml`` (SmolLM2-135M-Instruct fp32, 8 prompts x 8
 samples, 16 new tokens, staleness 1: the second step recomputes the proximal log-probs) for
 ``--steps`` steps with the evaluation at start and end (128 held-out prompts in one generation
-batch) and the final HF checkpoint, as the main job does. A thread samples the resident set
+batch) and the final HF checkpoint, as the main job does. Pass ``actor.skip_zero_adv_seqs=false``
+for the main job's largest step: every one of the 64 rows in the update (late in the main job
+up to 56 of them are; early on 16-24, the rest having zero advantage). A thread samples the resident set
 every 2 ms (``benchlib/rss_phases.py``) under the label of the current phase: the trainer's own
 phases through its step callbacks, and ``evaluate``, ``checkpoint``, ``update.forward_backward``
 (the micro-batches' forward and backward passes) and ``update.optimizer`` (clipping and the
@@ -22,7 +24,8 @@ during the training steps (generation to weight sync, evaluation and checkpointi
 over that state; ``peak_rss_over_state_all`` includes them. With ``--profile``, the second
 step's forward and backward run under ``torch.profiler(profile_memory=True)``
 (``benchlib/alloc_profile.py``) and the bytes alive at its allocation peak are listed by the
-operator that allocated them.
+operator that allocated them; the profiler's own memory then inflates that step's resident set,
+so take the peaks from a run without ``--profile``.
 
 Extra ``key=value`` arguments override the config (e.g. ``actor.mb_spec.max_tokens_per_mb=512``).
 The last lines are ``name=value``.
@@ -57,7 +60,12 @@ STEP_PHASES += ("update.forward_backward", "update.optimizer")
 
 
 def _tensor_bytes(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    """Bytes of the distinct storages of ``tensors`` (tied weights count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def state_bytes(trainer: Any) -> dict[str, int]:

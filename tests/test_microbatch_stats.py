@@ -92,8 +92,6 @@ def test_all_micro_batches_without_tokens_report_zero_extrema():
     engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=1)
     batch = _batch(int(engine.unwrapped.config.vocab_size))
     batch["loss_mask"][:] = False
-    stats, loss_stats = engine.train_batch(
-        batch, _loss_fn, lambda mb: float(mb["loss_mask"].sum())
-    )
+    stats, loss_stats = engine.train_batch(batch, _loss_fn, lambda mb: float(mb["loss_mask"].sum()))
     assert stats["empty"] == 1.0
     assert loss_stats["x/logp_max"] == 0.0 and loss_stats["x/logp_min"] == 0.0
