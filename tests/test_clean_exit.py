@@ -5,9 +5,9 @@ CPU run has on every rank), so a process-level exit path can be observed from ou
 
 * ``dist.end_process_group`` ends the group; the gloo worker threads end with it when nothing
   else holds the group, and outlive it when something does (as a DDP-wrapped model does).
-* ``dist.exit_status_after_run`` then ends the process with the run's status without
-  finalising the interpreter (no ``atexit`` handler runs), and returns the status for a normal
-  exit when no gloo thread is left.
+* ``dist.exit_status_after_run`` then runs the ``atexit`` handlers and ends the process with
+  the run's status without finalising the interpreter (a module-level object's ``__del__``
+  never runs), and returns the status for a normal exit when no gloo thread is left.
 * (slow) ``scripts/repeat_multiproc_exit.py``: 2-process training runs all exit 0.
 """
 
@@ -32,7 +32,15 @@ tdist.init_process_group(
     "gloo", rank=0, world_size=1, init_method="file://" + tempfile.mktemp()
 )
 tdist.all_reduce(torch.ones(8))
-atexit.register(lambda: print("FINALISED", flush=True))
+atexit.register(lambda: print("EXIT HANDLERS RAN", flush=True))
+
+
+class _Teardown:
+    def __del__(self):  # module teardown: only while the interpreter finalises
+        print("FINALISED", flush=True)
+
+
+teardown = _Teardown()
 print("threads while running", dist.gloo_worker_threads(), flush=True)
 """
 
@@ -69,7 +77,7 @@ def test_end_process_group_joins_gloo_threads_when_nothing_holds_the_group():
     assert _threads(res.stdout, "threads after end") == 0
     # no gloo thread left: a normal exit, finalisation included
     assert res.returncode == 3
-    assert "FINALISED" in res.stdout
+    assert "EXIT HANDLERS RAN" in res.stdout and "FINALISED" in res.stdout
 
 
 def test_exit_skips_finalisation_when_gloo_threads_outlive_the_group():
@@ -83,6 +91,7 @@ def test_exit_skips_finalisation_when_gloo_threads_outlive_the_group():
     )
     assert _threads(res.stdout, "threads after end") > 0, res.stdout + res.stderr
     assert res.returncode == 3
+    assert "EXIT HANDLERS RAN" in res.stdout  # atexit handlers (log flushing, servers) ran
     assert "FINALISED" not in res.stdout  # the interpreter was not finalised
 
 

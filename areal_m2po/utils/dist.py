@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -147,14 +148,15 @@ def exit_status_after_run(status: int) -> int:
     ends such a thread with ``pthread_exit``, whose unwinding through a ``noexcept`` C++ frame
     calls ``std::terminate`` ("terminate called without an active exception"): SIGABRT after
     the run's work is done, at random. So when such threads are alive and the process group is
-    gone (the run closed it), the logs are flushed and the process ends with ``status`` without
-    finalising (:func:`exit_skipping_finalization`); otherwise ``status`` is returned for a
-    normal exit.
+    gone (the run closed it), the ``atexit`` handlers run (they flush the logs, stop launched
+    servers) and the process ends with ``status`` without finalising the interpreter
+    (:func:`exit_skipping_finalization`); otherwise ``status`` is returned for a normal exit.
     """
     if dist.is_available() and dist.is_initialized():
         return status  # still in use: the caller's to close
     if gloo_worker_threads() == 0:
         return status
+    atexit._run_exitfuncs()  # what a normal exit runs before finalising (logging.shutdown, ...)
     logging.shutdown()
     exit_skipping_finalization(status)
 
