@@ -1,6 +1,6 @@
 """Loss statistics of a step do not depend on how its batch is cut into micro-batches.
 
-``mb_spec.max_tokens_per_mb`` bounds the memory of a training forward (512 tokens by default),
+``mb_spec.max_tokens_per_mb`` bounds the memory of a training forward (256 tokens by default),
 so the main job's batch is now cut into several micro-batches. Mean statistics were already
 token-weighted over micro-batches; an extremum statistic (``*_max`` / ``*_min``, e.g.
 ``actor/importance_weight_max``) is now the extremum over the micro-batches that hold tokens,
@@ -74,7 +74,7 @@ def test_extremum_stats_are_extrema_over_micro_batches():
 
 
 def test_default_token_budget_cuts_the_batch_and_keeps_the_stats():
-    assert MicroBatchSpec().max_tokens_per_mb == 512
+    assert MicroBatchSpec().max_tokens_per_mb == 256
     one_stats, one = _step(1, None)
     cut_stats, cut = _step(1, 40)  # 40 tokens: 3-4 rows per micro-batch
     assert cut_stats["n_micro_batches"] >= 4

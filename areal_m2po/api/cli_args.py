@@ -189,7 +189,7 @@ class MicroBatchSpec:
 
     n_mbs: int = _field(1, "Minimum number of micro-batches per (mini)batch on each rank.")
     max_tokens_per_mb: int | None = _field(
-        512,
+        256,
         "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
         "when a batch exceeds it. It bounds the activations a training forward keeps for its "
         "backward (SmolLM2-135M fp32: about 1.6 MB per token, see docs/performance.md); the "
