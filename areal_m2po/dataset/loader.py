@@ -16,13 +16,14 @@ from typing import Any
 
 from areal_m2po.api.cli_args import DatasetConfig
 from areal_m2po.dataset.arithmetic import make_arithmetic_split
+from areal_m2po.dataset.multiplication import make_multiplication_split
 
 __all__ = ["PromptLoader", "build_prompts", "load_prompt_dataset", "load_records", "read_rows"]
 
 logger = logging.getLogger("areal_m2po.dataset")
 
 _BUILTIN_PREFIX = "builtin:"
-_BUILTINS = ("arithmetic",)
+_BUILTINS = {"arithmetic": make_arithmetic_split, "multiplication": make_multiplication_split}
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -145,7 +146,7 @@ def load_records(
 ) -> list[dict[str, Any]]:
     """Load records with ``question`` and ``answer`` keys (other fields kept as they are).
 
-    ``path`` is ``builtin:arithmetic``; a local ``.jsonl``, ``.json`` (list of objects) or
+    ``path`` is ``builtin:arithmetic`` or ``builtin:multiplication`` (the calculator task); a local ``.jsonl``, ``.json`` (list of objects) or
     ``.parquet`` file; or a local directory / Hub name given to ``datasets.load_dataset``.
     ``max_samples`` keeps the first records (for the built-in task it is the split size,
     and ``seed`` shuffles its train split; files keep their order).  ``config_name`` is
@@ -159,8 +160,10 @@ def load_records(
     if path.startswith(_BUILTIN_PREFIX):
         name = path[len(_BUILTIN_PREFIX) :]
         if name not in _BUILTINS:
-            raise ValueError(f"unknown built-in dataset {path!r}; known: builtin:arithmetic")
-        return [dict(r) for r in make_arithmetic_split(split, n=max_samples, seed=seed)]  # type: ignore[arg-type]
+            known = ", ".join(f"{_BUILTIN_PREFIX}{k}" for k in _BUILTINS)
+            raise ValueError(f"unknown built-in dataset {path!r}; known: {known}")
+        make_split = _BUILTINS[name]
+        return [dict(r) for r in make_split(split, n=max_samples, seed=seed)]  # type: ignore[arg-type]
 
     rows = read_rows(path, split, config_name)
     if max_samples is not None:

@@ -7,7 +7,7 @@ that prefill is 58% of the generation time. :func:`generate_shared_prefill` inst
 prompts once (all but their last token, ``use_cache=True``), repeats the KV cache ``n`` times
 (``Cache.batch_repeat_interleave``) and lets ``generate`` continue from it: the last prompt token
 and every new token are then decoded as usual, so the sampled tokens and per-step logits equal
-those of the plain call with the same seed (``tests/test_packing.py``).
+those of the plain call with the same seed (``tests/unit/test_packing.py``).
 """
 
 from __future__ import annotations

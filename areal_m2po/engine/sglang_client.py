@@ -94,18 +94,24 @@ class SGLangClient:
         self, addr: str, sample: Sample, sampling_params: dict[str, Any], max_new_tokens: int
     ) -> Sample:
         """Complete ``sample`` on ``addr`` (continuing from the tokens it already holds)."""
+        # greedy (temperature 0): no log-probs (0.0), the tokens are output_ids
+        with_logprobs = float(sampling_params.get("temperature", 1.0)) != 0.0
         while sample.finish not in _DONE and len(sample.output_ids) < max_new_tokens:
             params = dict(sampling_params, max_new_tokens=max_new_tokens - len(sample.output_ids))
             payload = {
                 "input_ids": sample.prompt_ids + sample.output_ids,
                 "sampling_params": params,
-                "return_logprob": True,
+                "return_logprob": with_logprobs,
                 "stream": False,
             }
             out = await self._post(addr, "/generate", payload)
             meta = out.get("meta_info") or {}
             finish = (meta.get("finish_reason") or {}).get("type")
-            pairs = meta.get("output_token_logprobs")
+            if with_logprobs:
+                pairs = meta.get("output_token_logprobs")
+            else:
+                ids = out.get("output_ids")
+                pairs = None if ids is None else [(0.0, t) for t in ids]
             if finish not in (*_DONE, "abort") or pairs is None:
                 raise ServerError(addr, f"/generate gave an unexpected reply: {str(out)[:300]}")
             version = parse_weight_version(meta, addr)
@@ -118,6 +124,13 @@ class SGLangClient:
         if sample.finish not in _DONE:
             sample.finish = "length"
         return sample
+
+    async def pause(self, addr: str) -> None:
+        """``/pause_generation`` (mode abort): running requests end with finish ``abort``."""
+        await self._post(addr, "/pause_generation", {"mode": "abort"})
+
+    async def resume(self, addr: str) -> None:
+        await self._post(addr, "/continue_generation", {})
 
     async def update_weights(self, addr: str, path: str, version: int) -> None:
         """Pause ``addr``, load ``path`` as ``version``, continue."""

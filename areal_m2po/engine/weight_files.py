@@ -29,8 +29,9 @@ def write_weights(
 ) -> str:
     """Write ``state_dict`` as version ``version`` under ``root``; returns the directory.
 
-    Tensors that share storage (tied embeddings) are saved as separate copies, as safetensors
-    requires. ``model_config`` (a ``transformers`` config) is saved next to them if given.
+    Tensors already on the CPU and contiguous are written as they are (no copy); a tensor
+    sharing storage with one before it (tied embeddings) is saved as a separate copy, as
+    safetensors requires. ``model_config`` (a ``transformers`` config) is saved next to them.
     """
     from safetensors.torch import save_file
 
@@ -38,7 +39,7 @@ def write_weights(
     final = _version_dir(root, version)
     tmp = tempfile.mkdtemp(prefix=f".v{version}.", dir=root)
     try:
-        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+        tensors = _unshared_cpu(state_dict)
         path = os.path.join(tmp, WEIGHTS_FILE)
         save_file(tensors, path, metadata={"weight_version": str(version), "format": "pt"})
         with open(path, "rb") as fh:
@@ -52,6 +53,21 @@ def write_weights(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _unshared_cpu(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors, copied only where needed (off the CPU, strided, or sharing
+    storage with an earlier tensor)."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state_dict.items():
+        t = value.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
 
 
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], int | None]:

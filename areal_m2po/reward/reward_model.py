@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.bradley_terry import pool_last_token
 from areal_m2po.api.cli_args import RewardModelConfig
 from areal_m2po.dataset.preference import encode_reward_model_text
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.utils import dist
-from areal_m2po.utils.reward_model_loss import pool_last_token
 
 __all__ = [
     "LastTokenScorer",
@@ -246,11 +246,25 @@ class LearnedReward:
         ``reward/verifiable`` (mean verifiable reward) and ``reward/model_verifiable_corr``
         (Pearson correlation of raw score and verifiable reward over the batch; 0 when either
         is constant)."""
-        raw = self.raw_scores(prompts, completions)
+        return self.combine(self.raw_scores(prompts, completions), verifiable)
+
+    def combine(
+        self, raw: torch.Tensor, verifiable: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """:meth:`rewards` from raw scores ``[N]`` already computed (the batch's, in order;
+        normalisation and stats are over all ranks, so every rank calls it once per batch)."""
         rewards = self.config.weight * self.normalise(raw)
         if self.config.verifiable_weight:
             rewards = rewards + self.config.verifiable_weight * verifiable.float()
         return rewards, _score_stats(raw, verifiable.float())
+
+    def mix_raw(self, raw: float, verifiable: float) -> float:
+        """One sample's reward from its raw score without normalisation (``norm`` null:
+        what :meth:`combine` gives it; otherwise a provisional value until the batch's)."""
+        reward = self.config.weight * torch.tensor(raw, dtype=torch.float32)
+        if self.config.verifiable_weight:
+            reward = reward + self.config.verifiable_weight * torch.tensor(verifiable).float()
+        return float(reward)
 
     def state_dict(self) -> dict[str, Any]:
         return {"moments": self.moments.state_dict()}

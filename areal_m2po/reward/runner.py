@@ -4,6 +4,9 @@ Reward functions share one signature::
 
     fn(prompt: str, completion: str, answer: str, **extra) -> float
 
+``extra`` holds the record's other dataset columns (:func:`extra_fields`); a function that
+takes no ``**kwargs`` gets only the columns it names as parameters.
+
 :class:`RewardRunner` calls it on a small pool of daemon worker threads.  A call that
 raises, returns something that is not a finite number, or runs past ``timeout_s``
 scores 0.0 and is counted in the returned stats; the caller is never blocked longer
@@ -19,19 +22,20 @@ their own timeouts, or run the work in a subprocess they can kill.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from areal_m2po.utils.imports import load_object
 
-__all__ = ["RewardFn", "RewardRunner", "load_reward_fn"]
+__all__ = ["RewardFn", "RewardRunner", "extra_fields", "load_reward_fn"]
 
 logger = logging.getLogger("areal_m2po.reward")
 
@@ -50,6 +54,32 @@ def load_reward_fn(spec: str, key: str = "reward.path") -> RewardFn:
             attribute is missing, or it is not callable; see :func:`load_object`.
     """
     return load_object(spec, key)
+
+
+POSITIONAL_FIELDS = ("prompt_text", "answer")
+"""Record fields a reward function gets as its ``prompt`` and ``answer`` arguments."""
+
+_NOT_FIELDS = ("prompt_ids",)  # token ids are no dataset column
+
+
+def extra_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments a reward function gets for ``record``: every field but the
+    positional ones (``prompt_text``, ``answer``) and ``prompt_ids``; ``question`` (the prompt
+    field's text) and every other dataset column included."""
+    skip = (*POSITIONAL_FIELDS, *_NOT_FIELDS)
+    return {k: v for k, v in record.items() if k not in skip}
+
+
+def _accepted_keywords(fn: Callable[..., Any]) -> set[str] | None:
+    """The keyword names ``fn`` takes besides its first three parameters (None: any)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature (a builtin): pass everything
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in params[3:] if p.kind in named}
 
 
 @dataclass
@@ -92,6 +122,7 @@ class RewardRunner:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.fn = fn
+        self._keywords = _accepted_keywords(fn)
         self.timeout_s = float(timeout_s)
         self.max_workers = int(max_workers)
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
@@ -160,6 +191,9 @@ class RewardRunner:
     ) -> tuple[list[float], dict[str, float]]:
         """Reward every (prompt, completion, answer[, extra]) sample.
 
+        ``extras[i]`` are sample ``i``'s keyword arguments (:func:`extra_fields`); those the
+        function does not take (no ``**kwargs`` and no parameter of that name) are left out.
+
         Returns:
             The rewards (0.0 for failed, invalid or timed-out calls) in input order, and
             stats ``reward/n_errors``, ``reward/n_timeouts``, ``reward/n_invalid``.
@@ -178,7 +212,7 @@ class RewardRunner:
         tasks = [
             _Task(
                 args=(prompts[i], completions[i], answers[i]),
-                kwargs=dict(extras[i]) if extras is not None else {},
+                kwargs=self._kwargs(extras[i]) if extras is not None else {},
             )
             for i in range(n)
         ]
@@ -186,6 +220,11 @@ class RewardRunner:
             self._queue.put(task)
         timed_out = self._wait_all(tasks)
         return self._collect(tasks, timed_out)
+
+    def _kwargs(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        if self._keywords is None:
+            return dict(extra)
+        return {k: v for k, v in extra.items() if k in self._keywords}
 
     def _wait_all(self, tasks: list[_Task]) -> set[int]:
         """Block until every task finished or passed its deadline; return timed-out indices."""

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.rollout.executor import RolloutExecutor
+from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
@@ -44,6 +46,7 @@ from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
 from areal_m2po.utils.host_memory import release_free_host_memory
+from areal_m2po.utils.imports import load_object
 from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
@@ -61,8 +64,7 @@ class RLTrainer:
         actor_loss_fn: the actor's micro-batch loss
             (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
             ``actor.loss_fn`` (setting both is refused); None: the config's.
-        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`), told about
-            every step and phase.
+        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`) of each phase.
     """
 
     def __init__(
@@ -88,18 +90,27 @@ class RLTrainer:
 
         # user code first: a reward module that does not import stops the run in a second
         self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
+        if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
+            load_object(cfg.rollout.workflow, "rollout.workflow")
         self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
         self._build_data()
         self._build_models()
         self.stats_logger = make_stats_logger(cfg, ctx)
-        self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.step = 0  # finished training steps
-        self.n_rollouts = 0  # rollout batches generated so far (seeds the sampler)
         self.consecutive_skipped = 0  # steps in a row whose update had a non-finite loss/grad
         self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
         self._last_recover_step = -1
         self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
-        self.async_rollout: Any = None  # rollout.mode=async: AsyncRollout, started in _train
+
+    @property
+    def queue(self) -> collections.deque[tuple[Batch, dict[str, float]]]:
+        """Sync mode: the rollout batches generated ahead (``rollout.staleness`` of them)."""
+        return self.rollout.queue
+
+    @property
+    def n_rollouts(self) -> int:
+        """Rollout batches generated so far (sync mode: seeds the sampler)."""
+        return self.rollout.n_rollouts
 
     # -- construction -------------------------------------------------------------------------
 
@@ -150,7 +161,6 @@ class RLTrainer:
         )
 
     def _build_models(self) -> None:
-        from areal_m2po.engine.rollout import RolloutEngine
         from areal_m2po.engine.train_engine import HFTrainEngine
         from areal_m2po.trainer.ppo.actor import PPOActor
 
@@ -163,16 +173,9 @@ class RLTrainer:
             cfg.gconfig.n_samples,
             cfg.gconfig.max_new_tokens,
             loss_fn=self.actor_loss_fn,
+            has_critic=cfg.critic.enabled,
             phases=self.phases,
         )
-        # sharded: an unsharded copy gathered once (RolloutEngine copies what it is given)
-        policy = (
-            self.actor_engine.build_full_model()
-            if self.actor_engine.sharded
-            else self.actor_engine.unwrapped
-        )
-        self.rollout = RolloutEngine(policy, self.tokenizer, self.accelerator.device)
-        del policy
         self.ref_engine = None
         if cfg.actor.kl_ctl > 0:
             ref_cfg = TrainEngineConfig(
@@ -207,76 +210,33 @@ class RLTrainer:
             from areal_m2po.reward.reward_model import LearnedReward
 
             self.learned_reward = LearnedReward(cfg.reward.model, self.accelerator.device)
+        self.rollout = self._build_rollout()
 
-    # -- rollout ------------------------------------------------------------------------------
+    def _build_rollout(self) -> RolloutExecutor:
+        """The rollout executor and engine of ``cfg.rollout`` (sync: a copy of the policy in
+        this process; async: rollout servers, no copy here)."""
+        from areal_m2po.rollout.factory import RolloutParts, build_rollout
+        from areal_m2po.rollout.rewards import RewardSources
 
-    def _local_rows(self, items: list[Any]) -> list[Any]:
-        """This rank's contiguous share of a global list of prompts."""
-        per = len(items) // self.world
-        return items[self.rank * per : (self.rank + 1) * per]
+        engine = self.actor_engine
 
-    def _start_async(self) -> None:
-        """rollout.mode=async: start (or reach) the rollout servers at the policy's version."""
-        from areal_m2po.engine.async_rollout import AsyncRollout
+        def policy_model() -> torch.nn.Module:
+            # sharded: an unsharded copy gathered once (the engine copies what it is given)
+            return engine.build_full_model() if engine.sharded else engine.unwrapped
 
-        cfg = self.config
-        tok = self.tokenizer
-        self.async_rollout = AsyncRollout(
-            cfg.rollout,
-            cfg.gconfig,
-            cfg.train_dataset.batch_size,
-            dict(
-                model_path=cfg.actor.path,
-                tokenizer_path=cfg.tokenizer_path,
-                dtype=cfg.actor.dtype,
-                attn_implementation=cfg.actor.attn_implementation,
-                seed=cfg.seed,
-            ),
-            self.actor_engine.unwrapped.config,
-            self.output_dir,
-            prompt_source=self.loader.next_batch,
-            score=self.reward_runner.score,
-            decode=lambda ids: tok.decode(
-                [t for t in ids if t not in self.rollout.eos_ids], skip_special_tokens=True
-            ),
-            pad_id=self.rollout.pad_id,
+        parts = RolloutParts(
+            tokenizer=self.tokenizer,
+            loader=self.loader,
+            reward=RewardSources(self.reward_runner, self.learned_reward),
+            output_dir=self.output_dir,
+            rank=self.rank,
+            world=self.world,
+            device=self.accelerator.device,
+            policy_model=policy_model,
+            model_config=engine.unwrapped.config,
+            generation_config=getattr(engine.unwrapped, "generation_config", None),
         )
-        self.async_rollout.start(self.actor_engine.state_dict_for_sync(), self.actor_engine.version)
-
-    def _generate(self) -> tuple[Batch, dict[str, float]]:
-        """Sample one training batch with the rollout engine's current policy and score it."""
-        if self.async_rollout is not None:
-            return self.async_rollout.next_batch()
-        t0 = time.perf_counter()
-        records, epoch = self.loader.next_batch()
-        local = self._local_rows(records)
-        seed = self.config.seed * 1_000_003 + self.n_rollouts * 7919 + self.rank
-        self.n_rollouts += 1
-        batch = self.rollout.generate(
-            [r["prompt_ids"] for r in local], self.config.gconfig, seed=seed
-        )
-        t_gen = time.perf_counter() - t0
-        n = self.config.gconfig.n_samples
-        completions = self.rollout.decode_completions(batch)
-        expanded = [r for r in local for _ in range(n)]
-        rewards, reward_stats = self.reward_runner.score(
-            [r["prompt_text"] for r in expanded],
-            completions,
-            [r["answer"] for r in expanded],
-        )
-        batch["rewards"] = torch.tensor(rewards, dtype=torch.float32)
-        if self.learned_reward is not None:  # the learned reward replaces or joins it
-            batch["rewards"], rm_stats = self.learned_reward.rewards(
-                [r["question"] for r in expanded], completions, batch["rewards"]
-            )
-            reward_stats = {**reward_stats, **rm_stats}
-        info = {
-            "timing/gen_s": t_gen,
-            "timing/reward_s": time.perf_counter() - t0 - t_gen,
-            "rollout/epoch": float(epoch),
-            **reward_stats,
-        }
-        return batch, info
+        return build_rollout(self.config, parts)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -314,11 +274,11 @@ class RLTrainer:
                 stats.update(self.critic.ppo_update(batch))
         with phase("sync", stats):
             # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
-            self.rollout.update_weights(self.actor_engine.full_tensors(), self.actor_engine.version)
-            if self.async_rollout is not None:  # the servers load what the rollout engine holds
-                stats["timing/server_sync_s"] = self.async_rollout.update(
-                    self.rollout.model.state_dict(), self.actor_engine.version
+            stats.update(
+                self.rollout.update_weights(
+                    self.actor_engine.full_tensors(), self.actor_engine.version
                 )
+            )
         if "actor/kl_ref" in stats:
             stats["actor/kl"] = stats["actor/kl_ref"]
         elif "actor/approx_kl" in stats:
@@ -332,18 +292,7 @@ class RLTrainer:
         cfg = self.config
         t0 = time.perf_counter()
         mine = self.valid_prompts[self.rank :: self.world]
-        bs = cfg.valid_dataset.batch_size
-        correct = 0.0
-        for i in range(0, len(mine), bs):
-            chunk = mine[i : i + bs]
-            batch = self.rollout.generate(
-                [r["prompt_ids"] for r in chunk], cfg.gconfig, greedy=True
-            )
-            texts = self.rollout.decode_completions(batch)
-            rewards, _ = self.reward_runner.score(
-                [r["prompt_text"] for r in chunk], texts, [r["answer"] for r in chunk]
-            )
-            correct += float(sum(1.0 for x in rewards if x > 0.5))
+        correct, _ = self.rollout.evaluate(mine, cfg.valid_dataset.batch_size)
         tot = dist.all_reduce_sum(torch.tensor([correct, float(len(mine))], dtype=torch.float64))
         release_free_host_memory()  # the evaluation batch's KV cache
         return {
@@ -371,7 +320,7 @@ class RLTrainer:
         * ``actor``, ``critic`` (critic.enabled): the engines' weights, optimizer, scheduler and
           version; a sharded engine writes its shards into ``shard_dir/<part>_shards`` instead;
         * ``rollout``: the behaviour policy's version, and its weights when they differ from the
-          policy's (:meth:`RolloutEngine.state_dict`);
+          policy's (:meth:`~areal_m2po.rollout.executor.RolloutExecutor.engine_state`);
         * ``rank``: this rank's RNG states and staleness queue.
 
         Every rank calls it (sharded state and the weight comparison are collectives). As with
@@ -393,7 +342,7 @@ class RLTrainer:
         if self.critic is not None:
             state["critic"] = self.critic.engine.training_state(_shards(shard_dir, "critic"))
         engine = self.actor_engine
-        state["rollout"] = self.rollout.state_dict(engine.full_tensors(), engine.version)
+        state["rollout"] = self.rollout.engine_state(engine.full_tensors(), engine.version)
         state["rank"] = {"rank": self.rank, "rng": recover.capture_rng(), "queue": list(self.queue)}
         return state
 
@@ -407,7 +356,7 @@ class RLTrainer:
 
         def load_trainer(state: Mapping[str, Any]) -> None:
             self.loader.load_state_dict(state["loader"])
-            self.step, self.n_rollouts = int(state["step"]), int(state["n_rollouts"])
+            self.step, self.rollout.n_rollouts = int(state["step"]), int(state["n_rollouts"])
             self.consecutive_skipped = int(state["consecutive_skipped"])
             self.actor.load_state_dict(state["actor"])
             if self.learned_reward is not None and "learned_reward" in state:
@@ -431,7 +380,7 @@ class RLTrainer:
         if self.critic is not None:
             loaders.append(("critic", load_engine(self.critic.engine, "critic")))
         policy = self.actor_engine.state_dict_for_sync
-        load_rollout = functools.partial(self.rollout.load_state_dict, policy=policy)
+        load_rollout = functools.partial(self.rollout.load_engine_state, policy=policy)
         return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
 
     def save_checkpoint(self) -> str:
@@ -467,8 +416,7 @@ class RLTrainer:
         resumed = self.resume()
         # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
-        if cfg.rollout.mode == "async":
-            self._start_async()
+        self.rollout.start(self.actor_engine.full_tensors, self.actor_engine.version)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
             "output_dir %s",
@@ -485,16 +433,15 @@ class RLTrainer:
         if cfg.evaluator.eval_at_start and self.step == 0:
             ev = self.evaluate()
             self.stats_logger.log(0, ev)
-        while len(self.queue) < cfg.rollout.staleness:
+        while self.rollout.prefill_needed():
             with self.phases("generate"):  # the first steps train on the initial policy
-                self.queue.append(self._generate())
+                self.rollout.prefill_one()
         progress = self._progress_bar()
         while self.step < self.total_steps:
             t_step = time.perf_counter()
             self.phases.step_begin(self.step + 1)
             with self.phases("generate"):
-                self.queue.append(self._generate())
-            batch, info = self.queue.popleft()
+                batch, info = self.rollout.next_batch()
             stats = self._train_step(batch, info)
             release_free_host_memory()  # the update's activations and logits
             self.step += 1
@@ -559,8 +506,7 @@ class RLTrainer:
 
     def close(self) -> None:
         try:
-            if self.async_rollout is not None:
-                self.async_rollout.close()
+            self.rollout.close()
         finally:
             self.stats_logger.close()
             self.reward_runner.close()
@@ -578,7 +524,7 @@ def run(config: PPOConfig) -> int:
     trainer = build_or_report(RLTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
-    from areal_m2po.engine.remote_rollout import RolloutServerError
+    from areal_m2po.rollout.remote_engine import RolloutServerError
 
     try:
         trainer.train()

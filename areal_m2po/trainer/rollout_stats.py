@@ -34,7 +34,7 @@ def rollout_stats(batch: Batch, info: dict[str, float], version: int) -> dict[st
             gen_len.sum(),
             batch["no_eos"].float().sum(),
             torch.tensor(float(rewards.numel())),
-            *(torch.tensor(stats[k]) for k in REWARD_COUNTS),
+            *(torch.tensor(stats.get(k, 0.0)) for k in REWARD_COUNTS),
         ]
     )
     tot = dist.all_reduce_sum(local.double())

@@ -3,7 +3,7 @@
 One step takes ``train_dataset.batch_size`` pairs (split across ranks), scores each chosen and
 rejected text with the model (:func:`areal_m2po.reward.reward_model.forward_scores`: the
 ``score`` head at the last real token), and takes one AdamW step on
-:func:`areal_m2po.utils.reward_model_loss.bradley_terry_loss` averaged over the global batch.
+:func:`areal_m2po.algo.bradley_terry.bradley_terry_loss` averaged over the global batch.
 Metrics (TRL's names under ``train/`` and ``eval/``: ``loss``, ``accuracy``, ``margin``,
 ``mean_reward``, ``min_reward``, ``max_reward``) go to ``metrics.jsonl``; the model is saved in
 Hugging Face format (``AutoModelForSequenceClassification.from_pretrained``-loadable, tokenizer
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.bradley_terry import bradley_terry_loss, preference_stats
 from areal_m2po.api.cli_args import PreferenceDatasetConfig, RWConfig
 from areal_m2po.trainer.launch import check_batch_split
 from areal_m2po.trainer.run_setup import (
@@ -33,7 +34,6 @@ from areal_m2po.trainer.run_setup import (
     write_run_config,
 )
 from areal_m2po.utils import dist
-from areal_m2po.utils.reward_model_loss import bradley_terry_loss, preference_stats
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 

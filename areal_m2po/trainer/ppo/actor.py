@@ -19,6 +19,7 @@ micro-batch. The loss functions only read it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Mapping
@@ -26,11 +27,24 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo import m2po
+from areal_m2po.algo.advantages import AdvantageEstimator, AdvantageInputs
+from areal_m2po.algo.aggregation import agg_loss_weight
+from areal_m2po.algo.areal_compat import _apply_m2po_masking, _get_m2po_loss_mask
+from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.normalization import group_normalize, masked_normalize
+from areal_m2po.algo.ppo_loss import PPOLossSpec
+from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
-from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, LossContext, load_actor_loss_fn
-from areal_m2po.utils import advantages as adv_maths
-from areal_m2po.utils import dist, losses, m2po
+from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
+from areal_m2po.trainer.ppo.loss_fn import (
+    ActorLossFn,
+    LossContext,
+    load_actor_loss_fn,
+    ppo_loss_spec,
+)
+from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows
 from areal_m2po.utils.phases import Phases
 
@@ -39,30 +53,12 @@ logger = logging.getLogger("areal_m2po.actor")
 KL_CLAMP = 10.0
 """Bound on each token's KL estimate in the KL reward penalty (AReaL's ``KLEstimator`` clamp)."""
 
+# the seed's promise: AReaL's M2PO helpers import from here (defined in algo/areal_compat.py)
 __all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
 
 
-def _get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """AReaL-compatible helper: the M2PO keep mask (bool ``[N]``, True = keep) over 1-D m2
-    values already sorted in descending order, i.e. :func:`m2po.m2po_keep_mask` of them."""
-    keep = m2po.m2po_keep_mask(sorted_m2, m2_threshold)
-    if bool((sorted_m2[1:] > sorted_m2[:-1]).any()):
-        raise ValueError("sorted_m2 must be sorted in descending order")
-    return keep
-
-
-def _apply_m2po_masking(
-    old_logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    loss_mask: torch.Tensor,
-    m2_threshold: float,
-) -> torch.Tensor:
-    """AReaL-compatible: the M2PO keep mask (bool, ``loss_mask``'s shape) of one batch."""
-    return m2po.apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)
-
-
 def global_m2po_mask(
-    old_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
     prox_logp: torch.Tensor,
     loss_mask: torch.Tensor,
     m2_threshold: float,
@@ -72,14 +68,15 @@ def global_m2po_mask(
     """The M2PO keep mask of this rank's rows, computed over the tokens of all ranks.
 
     Every rank gathers the m2 of every valid token and whether it is a candidate of
-    ``token_set`` (rank-major order), applies the rule to the concatenated candidates and keeps
-    its own slice, so the mask equals the rule applied to the concatenated minibatch. Returns the
-    mask (bool, like ``loss_mask``) and global stats (with ``advantages``, the quadrant stats of
-    :func:`m2po.m2po_stats` too).
+    ``token_set`` (rank-major order), applies the rule to the concatenated candidates
+    (:func:`m2po.m2po_mask_of_m2`) and keeps its own slice, so the mask equals the rule applied
+    to the concatenated minibatch. Returns the mask (bool, like ``loss_mask``) and the global
+    :func:`m2po.m2po_stats` as Python floats of their float64 values (with ``advantages``, the
+    quadrant stats too).
     """
-    m2_grid = m2po.m2_per_token(old_logp, prox_logp, loss_mask)
+    m2_grid = m2po.m2_per_token(behave_logp, prox_logp, loss_mask)
     in_region, candidates = m2po.m2po_candidates(
-        token_set, old_logp, prox_logp, loss_mask, advantages
+        token_set, behave_logp, prox_logp, loss_mask, advantages
     )
     m2_local = m2_grid[loss_mask]
     # one collective: the m2 values, then 0/1 flags (candidate, in quadrant)
@@ -88,49 +85,17 @@ def global_m2po_mask(
     packed_all, sizes = dist.all_gather_cat(packed)
     n_flags = 1 + len(flags)
     parts = [p.view(n_flags, -1) for p in packed_all.split(sizes)]
-    m2_all, cand_all = (torch.cat([p[i] for p in parts]) for i in (0, 1))
-    cand_all = cand_all > 0.5
-    keep_all = ~cand_all
-    if bool(cand_all.any()):
-        keep_all[cand_all] = m2po.m2po_keep_mask(m2_all[cand_all], m2_threshold)
+    rows = [torch.cat([p[i] for p in parts]) for i in range(n_flags)]
+    m2_all, cand_all = rows[0], rows[1] > 0.5
+    region_all = rows[2] > 0.5 if in_region is not None else None
+    valid_all = torch.ones_like(cand_all)
+    keep_all, stats = m2po.m2po_mask_of_m2(
+        m2_all, valid_all, m2_threshold, cand_all, in_region=region_all, stats_dtype=torch.float64
+    )
     offset = sum(sizes[: dist.rank()]) // n_flags
     keep = torch.zeros_like(loss_mask)
     keep[loss_mask] = keep_all[offset : offset + m2_local.numel()]
-    stats = _global_stats(m2_all, keep_all, m2_threshold)
-    if in_region is not None:
-        region_all = torch.cat([p[2] for p in parts]) > 0.5
-        stats.update(_global_region_stats(m2_all, keep_all, region_all))
-    return keep, stats
-
-
-def _mean(values: torch.Tensor) -> float:
-    return float(values.mean()) if values.numel() else 0.0
-
-
-def _global_stats(m2_all: torch.Tensor, keep_all: torch.Tensor, thr: float) -> dict[str, float]:
-    """``m2po/*`` stats of the gathered valid tokens' m2 (float64 ``[N]``) and keep mask."""
-    n_valid = m2_all.numel()
-    n_kept = int(keep_all.sum())
-    return {
-        "m2po/masked_fraction": (n_valid - n_kept) / n_valid if n_valid else 0.0,
-        "m2po/m2_before": _mean(m2_all),
-        "m2po/m2_after": _mean(m2_all[keep_all]),
-        "m2po/threshold": float(thr),
-        "m2po/n_masked": float(n_valid - n_kept),
-        "m2po/n_valid": float(n_valid),
-    }
-
-
-def _global_region_stats(
-    m2_all: torch.Tensor, keep_all: torch.Tensor, region_all: torch.Tensor
-) -> dict[str, float]:
-    """The quadrant stats of :func:`m2po.m2po_stats` over the gathered valid tokens."""
-    n_valid = m2_all.numel()
-    return {
-        "m2po/trust_region_fraction": int(region_all.sum()) / n_valid if n_valid else 0.0,
-        "m2po/m2_before_trust_region": _mean(m2_all[region_all]),
-        "m2po/m2_after_trust_region": _mean(m2_all[region_all & keep_all]),
-    }
+    return keep, {k: float(v) for k, v in stats.items()}
 
 
 class PPOActor:
@@ -143,6 +108,11 @@ class PPOActor:
         max_new_tokens: generation budget (Dr.GRPO normaliser, overlong penalty).
         loss_fn: the micro-batch loss (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`);
             None: the one ``config.loss_fn`` names, else the library's clipped PPO / SAPO loss.
+        adv_estimator: the advantage estimator
+            (:data:`~areal_m2po.algo.advantages.AdvantageEstimator`); None: the one
+            ``config.adv_estimator`` names (:mod:`~areal_m2po.trainer.ppo.adv_estimator`).
+        has_critic: the batches carry the critic's ``values`` (critic.enabled): an unset
+            ``adv_estimator`` then means gae, and gae reads them.
         phases: reports the ``m2po`` phase to step callbacks (none by default).
     """
 
@@ -154,24 +124,32 @@ class PPOActor:
         max_new_tokens: int,
         *,
         loss_fn: ActorLossFn | None = None,
+        adv_estimator: AdvantageEstimator | None = None,
+        has_critic: bool = False,
         phases: Phases | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
-        self._loss_spec: tuple[ActorConfig, losses.PPOLossSpec] | None = None
+        self._loss_spec: tuple[ActorConfig, PPOLossSpec] | None = None
         self.loss_fn = loss_fn if loss_fn is not None else load_actor_loss_fn(config.loss_fn)
+        self.has_critic = has_critic
+        if adv_estimator is None:
+            adv_estimator = load_adv_estimator(
+                config.adv_estimator, critic=has_critic, kl_penalty=config.kl_ctl > 0
+            )
+        self.adv_estimator = adv_estimator
         self.phases = phases if phases is not None else Phases()
         self._warned_no_m2po = False
         self._high_mask_streak = 0
 
     @property
-    def loss_spec(self) -> losses.PPOLossSpec:
+    def loss_spec(self) -> PPOLossSpec:
         """The clipped-PPO loss options of ``self.config``, checked once per config object
         (rebuilt if ``config`` is replaced); rejection sampling only with the decoupled loss."""
         if self._loss_spec is None or self._loss_spec[0] is not self.config:
-            spec = losses.PPOLossSpec.from_actor_config(self.config, self.max_new_tokens)
+            spec = ppo_loss_spec(self.config, self.max_new_tokens)
             self._loss_spec = (self.config, spec)
         return self._loss_spec[1]
 
@@ -248,7 +226,7 @@ class PPOActor:
             offset = sum(sizes[: dist.rank()])
         else:
             scores_all = scores
-        normed = adv_maths.group_normalize(scores_all, **self._norm_kwargs(norm))
+        normed = group_normalize(scores_all, **self._norm_kwargs(norm))
         return normed[offset : offset + scores.numel()]
 
     def _sequence_scores(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -264,76 +242,86 @@ class PPOActor:
         stats: dict[str, float] = {"reward/raw_mean": float(raw[0] / raw[1]) if raw[1] else 0.0}
         if c.overlong_reward_penalty:
             assert c.overlong_tokens is not None and c.overlong_penalty_factor is not None
-            rewards = adv_maths.overlong_reward_penalty(
+            rewards = overlong_reward_penalty(
                 rewards,
                 batch["loss_mask"].sum(-1),
                 c.overlong_tokens,
                 c.overlong_penalty_factor,
                 self.max_new_tokens,
             )
-        scores = adv_maths.reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
+        scores = reward_transform(rewards, c.reward_scaling, c.reward_bias, c.reward_clip)
         if c.reward_norm is not None:
             scores = self._normalize_scores(scores, c.reward_norm)
         if c.mask_no_eos_with_zero:
             scores = torch.where(batch["no_eos"], torch.zeros_like(scores), scores)
         return scores, stats
 
+    def _kl_penalty(self, batch: Batch, mask_f: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The per-token KL reward ``-kl_ctl * KL(policy || ref)`` (float32 ``[B, T]``, 0
+        outside the loss mask) and the mean KL over all ranks' valid tokens (``actor/kl_ref``)."""
+        c = self.config
+        policy_logp = batch["logprobs"] if c.kl_logp == "behave" else batch["prox_logp"]
+        kl = kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP)
+        kl = kl * mask_f
+        kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
+        return torch.zeros_like(mask_f) - c.kl_ctl * kl, float(kl_tot[0] / kl_tot[1].clamp(min=1))
+
+    def _estimator_inputs(self, batch: Batch, scores: torch.Tensor) -> AdvantageInputs:
+        """What :attr:`adv_estimator` gets (:class:`AdvantageInputs`); KL stats aside."""
+        c = self.config
+        loss_mask = batch["loss_mask"]
+        if self.has_critic and "values" not in batch:
+            raise KeyError("has_critic: the batch has no 'values' (the critic's, for gae)")
+        n_rows = int(loss_mask.shape[0])
+        return AdvantageInputs(
+            scores=scores,
+            loss_mask=loss_mask,
+            group_size=self.group_size if n_rows % self.group_size == 0 else 1,
+            values=batch["values"] if self.has_critic else None,
+            discount=c.discount,
+            gae_lambda=c.gae_lambda,
+            batch_sum=dist.all_reduce_sum if dist.is_distributed() else None,
+        )
+
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Fill ``batch["advantages"]`` (and ``batch["returns"]``), float32 [B, T].
 
-        Rows get scores (:meth:`_sequence_scores`). Without a critic and without a KL penalty
-        (GRPO), ``adv_norm`` normalises the scores, each sequence counting once
-        (``adv_norm_weighting=sequence``) or each token (``token``, AReaL), and the score is
-        every token's advantage. Otherwise token rewards (KL penalty per token, the score on
-        the last token) go through GAE with the critic's values (zeros without a critic) and
-        ``adv_norm`` normalises the token advantages. ``overlong_filtering`` first takes the
-        truncated rows out of ``batch["loss_mask"]``.
+        Rows get scores (:meth:`_sequence_scores`); ``overlong_filtering`` first takes the
+        truncated rows out of ``batch["loss_mask"]``; with ``kl_ctl > 0`` each token gets the KL
+        penalty as its reward. :attr:`adv_estimator` (``actor.adv_estimator``) turns them into
+        advantages: one per sequence (``[B]``: ``adv_norm`` normalises the scores, each
+        sequence counting once, ``adv_norm_weighting=sequence``, or each token, ``token``,
+        AReaL; every valid token carries its row's) or one per token (``[B, T]``: ``adv_norm``
+        normalises the token advantages).
         """
         c = self.config
         scores, stats = self._sequence_scores(batch)
-        loss_mask = batch["loss_mask"]
         if c.overlong_filtering:
-            loss_mask = loss_mask & ~batch["no_eos"][:, None]
-            batch["loss_mask"] = loss_mask
-        batch_sum = dist.all_reduce_sum if dist.is_distributed() else None
-        token_level = "values" in batch or (c.kl_ctl > 0 and "ref_logp" in batch)
+            batch["loss_mask"] = batch["loss_mask"] & ~batch["no_eos"][:, None]
+        loss_mask = batch["loss_mask"]
         mask_f = loss_mask.float()
-        if not token_level:
-            if c.adv_norm is not None and c.adv_norm_weighting == "token":
-                per_token = scores[:, None].expand_as(mask_f)
-                kwargs = self._norm_kwargs(c.adv_norm)
-                adv = adv_maths.masked_normalize(
-                    per_token, loss_mask, **kwargs, batch_sum=batch_sum
-                )
-            else:
-                if c.adv_norm is not None:
-                    scores = self._normalize_scores(scores, c.adv_norm)
-                adv = scores[:, None] * mask_f
-            batch["advantages"] = adv
-            batch["returns"] = adv.clone()
-            return stats
-        token_rewards = torch.zeros_like(mask_f)
+        inputs = self._estimator_inputs(batch, scores)
         if c.kl_ctl > 0 and "ref_logp" in batch:
-            policy_logp = batch["prox_logp"]
-            if c.kl_logp == "behave":
-                policy_logp = batch["logprobs"]
-            kl = adv_maths.kl_estimate(
-                policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP
-            )
-            kl = kl * mask_f
-            token_rewards = token_rewards - c.kl_ctl * kl
-            kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
-            stats["actor/kl_ref"] = float(kl_tot[0] / kl_tot[1].clamp(min=1))
-        # the sequence score lands on the last generated token
-        last = (loss_mask.long().cumsum(-1) == loss_mask.sum(-1, keepdim=True)) & loss_mask
-        token_rewards = token_rewards + scores[:, None] * last.float()
-        values = batch.get("values", torch.zeros_like(mask_f))
-        adv, returns = adv_maths.gae_advantages(
-            token_rewards, values, loss_mask, c.discount, c.gae_lambda
-        )
-        if c.adv_norm is not None:
-            kwargs = self._norm_kwargs(c.adv_norm)
-            adv = adv_maths.masked_normalize(adv, loss_mask, **kwargs, batch_sum=batch_sum)
+            token_rewards, stats["actor/kl_ref"] = self._kl_penalty(batch, mask_f)
+            inputs = dataclasses.replace(inputs, token_rewards=token_rewards)
+        adv, returns = self.adv_estimator(inputs)
+        norm = c.adv_norm
+        if adv.ndim == 1:  # one advantage per sequence
+            if norm is not None and c.adv_norm_weighting == "token":
+                per_token = adv[:, None].expand_as(mask_f)
+                kwargs = self._norm_kwargs(norm)
+                adv = masked_normalize(per_token, loss_mask, **kwargs, batch_sum=inputs.batch_sum)
+            else:
+                if norm is not None:
+                    adv = self._normalize_scores(adv, norm)
+                adv = adv[:, None] * mask_f
+            batch["advantages"] = adv
+            batch["returns"] = adv.clone() if returns is None else returns * mask_f
+            return stats
+        returns = adv if returns is None else returns
+        if norm is not None:
+            kwargs = self._norm_kwargs(norm)
+            adv = masked_normalize(adv, loss_mask, **kwargs, batch_sum=inputs.batch_sum)
         batch["advantages"] = adv * mask_f
         batch["returns"] = returns * mask_f
         return stats
@@ -356,7 +344,7 @@ class PPOActor:
     def _loss_weight(self, mb: Batch) -> float:
         """The micro-batch's weight: exactly its ``agg_loss`` denominator count, so the step's
         gradient depends neither on the micro-batch split nor on skipped zero-advantage rows."""
-        return float(losses.agg_loss_weight(mb["loss_mask"], self.config.loss_agg_mode))
+        return float(agg_loss_weight(mb["loss_mask"], self.config.loss_agg_mode))
 
     def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
@@ -407,7 +395,7 @@ class PPOActor:
                 )
             return mb["m2po_mask"], {}
         with self.phases("m2po"):
-            return m2po.m2po_mask_and_stats(
+            return m2po.m2po_mask(
                 mb["logprobs"],
                 prox,
                 mb["loss_mask"],
@@ -416,7 +404,7 @@ class PPOActor:
                 token_set=c.m2_token_set,
             )
 
-    def _loss_fn(
+    def _microbatch_loss(
         self, logp: torch.Tensor, entropy: torch.Tensor, mb: Batch, step_in_update: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch loss the train engine calls: proximal log-probs and the M2PO mask
@@ -480,7 +468,7 @@ class PPOActor:
                     mb = select_rows(mb, keep_rows)
             train_stats, loss_stats = self.engine.train_batch(
                 mb,
-                loss_fn=functools.partial(self._loss_fn, step_in_update=k),
+                loss_fn=functools.partial(self._microbatch_loss, step_in_update=k),
                 loss_weight_fn=self._loss_weight,
                 temperature=c.temperature,
                 total_weight=total,

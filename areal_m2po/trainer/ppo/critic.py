@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from areal_m2po.algo.critic_loss import ppo_critic_loss
 from areal_m2po.api.cli_args import CriticConfig
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.train_engine import _TORCH_DTYPES, HFTrainEngine
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows, trim_columns
-from areal_m2po.utils.losses import ppo_critic_loss_fn
 
 
 def load_value_model(path: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
@@ -58,10 +58,10 @@ class PPOCritic:
         values, _ = self.engine.compute_logprobs(batch, temperature=1.0)
         return values
 
-    def _loss_fn(
+    def _microbatch_loss(
         self, values: torch.Tensor, _aux: torch.Tensor, mb: Batch
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return ppo_critic_loss_fn(
+        return ppo_critic_loss(
             values=values,
             old_values=mb["values"],
             returns=mb["returns"],
@@ -80,7 +80,7 @@ class PPOCritic:
         for i in range(k):
             mb = select_rows(batch, torch.arange(bounds[i], bounds[i + 1]))
             train_stats, loss_stats = self.engine.train_batch(
-                mb, self._loss_fn, lambda m: float(m["loss_mask"].sum())
+                mb, self._microbatch_loss, lambda m: float(m["loss_mask"].sum())
             )
             loss_stats["critic/grad_norm"] = train_stats["grad_norm"]
             for key, v in loss_stats.items():

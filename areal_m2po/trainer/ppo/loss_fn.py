@@ -6,7 +6,7 @@ config (``actor.loss_fn: my_module:my_loss``, loaded by :func:`load_actor_loss_f
 line naming ``actor.loss_fn``) or as a Python object (``PPOActor(..., loss_fn=my_loss)``,
 ``RLTrainer(cfg, actor_loss_fn=my_loss)``).
 
-The actor does everything around the loss (:meth:`PPOActor._loss_fn`): it forms the proximal
+The actor does everything around the loss (:meth:`PPOActor._microbatch_loss`): it forms the proximal
 log-probs of the micro-batch (``prox_logp_method``), takes the M2PO mask (``m2_scope``) and its
 stats, calls the loss function, then adds ``actor/entropy`` and ``actor/behave_kl``. The train
 engine scales each micro-batch's loss by its weight over the minibatch's total weight
@@ -21,11 +21,18 @@ from typing import Protocol
 
 import torch
 
+from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.sapo_loss import sapo_loss
 from areal_m2po.api.cli_args import ActorConfig
-from areal_m2po.utils import losses
 from areal_m2po.utils.imports import load_object
 
-__all__ = ["ActorLossFn", "LossContext", "library_actor_loss", "load_actor_loss_fn"]
+__all__ = [
+    "ActorLossFn",
+    "LossContext",
+    "library_actor_loss",
+    "load_actor_loss_fn",
+    "ppo_loss_spec",
+]
 
 LossStats = dict[str, torch.Tensor]
 
@@ -40,27 +47,27 @@ class LossContext:
             normaliser).
         step_in_update: index of the PPO minibatch within this training step (0-based).
         ppo_spec: the clipped-PPO options of ``config``, checked once
-            (:meth:`PPOLossSpec.from_actor_config`); None: built from ``config`` when needed.
+            (:func:`ppo_loss_spec`); None: built from ``config`` when needed.
     """
 
     config: ActorConfig
     max_new_tokens: int
     step_in_update: int = 0
-    ppo_spec: losses.PPOLossSpec | None = None
+    ppo_spec: PPOLossSpec | None = None
 
 
 class ActorLossFn(Protocol):
     """The loss of one micro-batch of ``b`` rows padded to ``T`` tokens.
 
     Args:
-        logprobs: float32 ``[b, T]``, natural-log probabilities of the generated tokens under
+        logp: float32 ``[b, T]``, natural-log probabilities of the generated tokens under
             the policy being trained (carries the gradient; 0 outside ``loss_mask``).
         entropy: float32 ``[b, T]``, their entropies in nats (detached; report only).
         batch: the prepared micro-batch; every tensor ``[b, T]`` unless stated:
 
             * ``loss_mask`` (bool): the generated tokens that count;
-            * ``logprobs`` (float32): behaviour log-probs, recorded when the tokens were
-              sampled;
+            * ``logprobs`` (float32): behaviour log-probs (``behave_logp``), recorded when the
+              tokens were sampled;
             * ``prox_logp`` (float32, detached): proximal log-probs, the policy at the start of
               this step (or the loglinear interpolation), the ratio's denominator;
             * ``advantages`` (float32): per-token advantages, 0 outside ``loss_mask``;
@@ -73,14 +80,14 @@ class ActorLossFn(Protocol):
         ctx: the actor config and sizes (:class:`LossContext`).
 
     Returns:
-        ``(loss, stats)``: a scalar tensor to minimise (with gradient through ``logprobs``) and
+        ``(loss, stats)``: a scalar tensor to minimise (with gradient through ``logp``) and
         a dict of scalar tensors, logged after averaging over micro-batches and ranks
         (prefix the names, e.g. ``"my_loss/…"``).
     """
 
     def __call__(
         self,
-        logprobs: torch.Tensor,
+        logp: torch.Tensor,
         entropy: torch.Tensor,
         batch: dict[str, torch.Tensor],
         ctx: LossContext,
@@ -88,7 +95,7 @@ class ActorLossFn(Protocol):
 
 
 def library_actor_loss(
-    logprobs: torch.Tensor,
+    logp: torch.Tensor,
     entropy: torch.Tensor,
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
@@ -99,9 +106,9 @@ def library_actor_loss(
     prox = batch["prox_logp"]
     m2po_mask = batch.get("m2po_mask")
     if c.use_sapo_loss:
-        return losses.sapo_loss_fn(
-            logprobs=logprobs,
-            old_logprobs=prox,
+        return sapo_loss(
+            logp=logp,
+            prox_logp=prox,
             advantages=batch["advantages"],
             tau_pos=c.sapo_tau_pos,
             tau_neg=c.sapo_tau_neg,
@@ -110,14 +117,29 @@ def library_actor_loss(
             loss_agg_mode=c.loss_agg_mode,
             max_tokens_norm=ctx.max_new_tokens,
         )
-    spec = ctx.ppo_spec or losses.PPOLossSpec.from_actor_config(c, ctx.max_new_tokens)
+    spec = ctx.ppo_spec or ppo_loss_spec(c, ctx.max_new_tokens)
     # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
     # log-probs makes the weight 1
     weighted = c.use_decoupled_loss and c.use_behave_imp_weight
     behave = batch["logprobs"] if weighted else prox
-    return losses.ppo_actor_loss(
-        logprobs, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+    return ppo_actor_loss(
+        logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+    )
+
+
+def ppo_loss_spec(config: ActorConfig, max_new_tokens: int | None) -> PPOLossSpec:
+    """The clipped-PPO loss options of an actor section; rejection sampling only applies with
+    the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
+    """
+    return PPOLossSpec(
+        eps_clip=config.eps_clip,
+        eps_clip_higher=config.eps_clip_higher,
+        c_clip=config.c_clip,
+        rejection_sampling=config.rejection_sampling if config.use_decoupled_loss else None,
+        importance_sampling_level=config.importance_sampling_level,
+        loss_agg_mode=config.loss_agg_mode,
+        max_tokens_norm=max_new_tokens,
     )
 
 

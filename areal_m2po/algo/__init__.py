@@ -1,0 +1,28 @@
+"""The algorithm's pure tensor maths: torch only, no config objects, no state.
+
+One concept per module, each with one public entry point (plus its helpers where named):
+
+* :mod:`~areal_m2po.algo.m2po`: the M2PO mask (the rule, its token sets and statistics);
+* :mod:`~areal_m2po.algo.ppo_loss`: the clipped / decoupled PPO policy loss
+  (:class:`~areal_m2po.algo.ppo_loss.PPOLossSpec`, ``ppo_actor_loss``);
+* :mod:`~areal_m2po.algo.sapo_loss`: the SAPO policy loss;
+* :mod:`~areal_m2po.algo.critic_loss`: the clipped value loss;
+* :mod:`~areal_m2po.algo.policy_ratio`: the token / sequence (GSPO) policy ratio;
+* :mod:`~areal_m2po.algo.aggregation`: loss aggregation and a micro-batch's weight;
+* :mod:`~areal_m2po.algo.rejection_sampling`: masked / truncated behaviour weights;
+* :mod:`~areal_m2po.algo.advantages`: the advantage-estimator contract, the built-ins
+  (grpo, gae, rloo, reinforce_pp) and GAE;
+* :mod:`~areal_m2po.algo.normalization`: group / batch normalisation of rewards and advantages;
+* :mod:`~areal_m2po.algo.reward_shaping`: reward transform and the DAPO overlong penalty;
+* :mod:`~areal_m2po.algo.kl`: the k1/k2/k3 KL estimators;
+* :mod:`~areal_m2po.algo.bradley_terry`: the reward model's pairwise loss;
+* :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
+  argument checks the modules above share;
+* :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one
+  compatibility place).
+
+Names follow one meaning each: ``behave_logp`` (behaviour log-probs, recorded while
+sampling), ``prox_logp`` (proximal: the policy at the start of the step), ``logp`` (current,
+differentiable), ``ref_logp`` (the reference policy). Layering: ``api`` -> ``algo`` -> ``utils``
+-> ``engine`` -> ``trainer``; this package imports nothing above ``api``.
+"""

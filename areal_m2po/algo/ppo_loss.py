@@ -1,0 +1,231 @@
+"""The clipped PPO policy loss: decoupled (behaviour weight), dual clip, GSPO, rejection
+sampling, M2PO-masked.
+
+Owns :class:`PPOLossSpec` (the loss options, checked once) and :func:`ppo_actor_loss` (the
+loss of one micro-batch). The three log-probs of a generated token are named as everywhere in
+the package: ``behave_logp`` (behaviour, recorded while sampling), ``prox_logp`` (proximal, the
+ratio's reference) and ``logp`` (current, differentiable).
+
+Conventions: per-token tensors are padded 2-D ``[B, T]``; ``loss_mask`` is ``torch.bool``
+``[B, T]``, True on valid tokens; log-probs are in nats and arbitrary at masked positions. The
+loss returns ``(loss, stats)``: a 0-dim tensor and detached 0-dim float32 statistics, each a
+MEAN over the micro-batch's valid tokens unless the name says otherwise (``*_max``, ``*_min``).
+Denominators follow :mod:`areal_m2po.algo.aggregation`.
+
+The module imports only torch, the choice lists and the ``RejectionSamplingConfig`` value type
+of :mod:`areal_m2po.api.cli_args`, and the other modules of :mod:`areal_m2po.algo`; it keeps no
+state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal_m2po.algo.aggregation import agg_loss, check_loss_inputs
+from areal_m2po.algo.checks import check_choice, check_real
+from areal_m2po.algo.policy_ratio import policy_ratio
+from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
+from areal_m2po.algo.rejection_sampling import apply_rejection_sampling, as_rejection_config
+from areal_m2po.api.cli_args import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_AGG_MODES,
+    RejectionSamplingConfig,
+)
+
+__all__ = ["PPOLossSpec", "ppo_actor_loss"]
+
+
+@dataclass(frozen=True)
+class PPOLossSpec:
+    """The options of the clipped PPO loss, checked once: build it once (e.g. with
+    ``areal_m2po.trainer.ppo.loss_fn.ppo_loss_spec``) and pass it to :func:`ppo_actor_loss` on every micro-batch.
+
+    Attributes:
+        eps_clip: lower clip range (>= 0): the ratio is clipped to
+            ``[1 - eps_clip, 1 + eps_clip_higher]``.
+        eps_clip_higher: upper clip range (>= 0); None = ``eps_clip``.
+        c_clip: dual-clip constant (> 1) for negative advantages; None = off.
+        rejection_sampling: None, a :class:`RejectionSamplingConfig`, or a mapping/object with
+            its field names (see :func:`as_rejection_config`); stored as the config.
+        importance_sampling_level: "token" (PPO) or "sequence" (GSPO).
+        loss_agg_mode, max_tokens_norm: see :func:`agg_loss`.
+    """
+
+    eps_clip: float
+    eps_clip_higher: float | None = None
+    c_clip: float | None = None
+    rejection_sampling: Any = None
+    importance_sampling_level: str = "token"
+    loss_agg_mode: str = "token-mean"
+    max_tokens_norm: int | None = None
+
+    def __post_init__(self) -> None:
+        eps_lo = check_real("eps_clip", self.eps_clip)
+        if not eps_lo >= 0:
+            raise ValueError(f"eps_clip must be >= 0, got {eps_lo}")
+        object.__setattr__(self, "eps_clip", eps_lo)
+        if self.eps_clip_higher is not None:
+            eps_hi = check_real("eps_clip_higher", self.eps_clip_higher)
+            if not eps_hi >= 0:
+                raise ValueError(f"eps_clip_higher must be >= 0, got {eps_hi}")
+            object.__setattr__(self, "eps_clip_higher", eps_hi)
+        if self.c_clip is not None:
+            cc = check_real("c_clip", self.c_clip)
+            if not cc > 1.0:
+                raise ValueError(f"c_clip must be > 1, got {cc}")
+            object.__setattr__(self, "c_clip", cc)
+        check_choice(
+            "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
+        )
+        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        rs = as_rejection_config(self.rejection_sampling)
+        object.__setattr__(self, "rejection_sampling", rs)
+
+    @property
+    def eps_clip_upper(self) -> float:
+        """The upper clip range: ``eps_clip_higher``, or ``eps_clip`` when that is None."""
+        return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
+
+
+def _behaviour_weight(
+    rs: RejectionSamplingConfig | None,
+    prox: torch.Tensor,
+    behave: torch.Tensor,
+    valid: torch.Tensor,
+    cand: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(w, keep, affected)``: the behaviour weight ``exp(prox - behave)`` (bounded by ``rs``), the
+    numerator tokens and the tokens rejected or clamped, all ``[B, T]``. ``cand`` are the valid
+    tokens M2PO kept; tokens outside it keep their raw weight (for the statistics)."""
+    log_w = torch.where(valid, prox - behave, 0.0)
+    if rs is None:
+        return torch.exp(log_w), cand, torch.zeros_like(valid)
+    keep_rs, w, affected = apply_rejection_sampling(
+        rs, torch.where(cand, log_w, 0.0), cand, prox, behave
+    )
+    return torch.where(cand, w, torch.exp(log_w)), cand & keep_rs, affected
+
+
+def _clipped_pg(
+    ratio: torch.Tensor, adv: torch.Tensor, spec: PPOLossSpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pg, clip_active, dual_active)``: the clipped (dual-clipped) token policy loss and the
+    bool ``[B, T]`` tokens on its clipped / dual-clip branch."""
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - spec.eps_clip, 1.0 + spec.eps_clip_upper)
+    clip_active = pg2.detach() > pg1.detach()
+    pg = torch.maximum(pg1, pg2)
+    if spec.c_clip is None:
+        return pg, clip_active, torch.zeros_like(clip_active)
+    pg3 = -adv * float(spec.c_clip)
+    dual_active = (adv < 0) & (pg3 < pg.detach())
+    return torch.where(dual_active, pg3, pg), clip_active, dual_active
+
+
+@torch.no_grad()
+def _ppo_stats(
+    loss: torch.Tensor,
+    valid: torch.Tensor,
+    fractions: dict[str, torch.Tensor],
+    ratio: torch.Tensor,
+    w: torch.Tensor,
+    approx_kl: tuple[torch.Tensor, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The loss statistics: ``fractions`` (bool ``[B, T]`` masks) and ``approx_kl`` (``[B, T]``
+    proximal - current and behaviour - proximal) are averaged over the valid tokens."""
+    dev = loss.device
+    n_valid = valid.sum().clamp(min=1)
+    r = ratio.detach()
+    has_valid = bool(valid.any())
+
+    def _mean(x: torch.Tensor) -> torch.Tensor:
+        return stat_scalar(masked_sum(x.to(torch.float64), valid) / n_valid, dev)
+
+    def _ext(x: torch.Tensor, fn: str) -> torch.Tensor:
+        if not has_valid:
+            return stat_scalar(0.0, dev)
+        return stat_scalar(getattr(x[valid], fn)(), dev)
+
+    frac = {k: stat_scalar(m.sum() / n_valid, dev) for k, m in fractions.items()}
+    return {
+        "actor/clip_fraction": frac["actor/clip_fraction"],
+        "actor/dual_clip_fraction": frac["actor/dual_clip_fraction"],
+        "actor/importance_weight": _mean(r),
+        "actor/importance_weight_max": _ext(r, "max"),
+        "actor/importance_weight_min": _ext(r, "min"),
+        "actor/approx_kl": _mean(approx_kl[0]),
+        "actor/behave_imp_weight": _mean(w),
+        "actor/behave_imp_weight_max": _ext(w, "max"),
+        "actor/behave_approx_kl": _mean(approx_kl[1]),
+        "actor/rejected_fraction": frac["actor/rejected_fraction"],
+        "actor/pg_loss": stat_scalar(loss, dev),
+    }
+
+
+def ppo_actor_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    spec: PPOLossSpec,
+    m2po_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped (decoupled) PPO policy loss with dual clip, GSPO, rejection sampling and M2PO.
+
+    Per valid token: ``r = exp(logp - prox_logp)`` (or the GSPO sequence ratio,
+    see :func:`_policy_ratio`), ``pg1 = -A r``, ``pg2 = -A clamp(r, 1 - eps_clip,
+    1 + (eps_clip_higher or eps_clip))``, ``loss = max(pg1, pg2)``; with ``c_clip`` tokens with
+    ``A < 0`` get ``min(loss, -A c_clip)``. The loss is multiplied by the detached behaviour
+    weight ``w = exp(prox_logp - behave_logp)`` (1 when proximal == behaviour: pass
+    ``behave_logp=prox_logp`` for AReaL's decoupled loss without rejection sampling,
+    which applies no behaviour weight), possibly bounded by ``spec.rejection_sampling``
+    ("mask" drops tokens/sequences out of ``[lower, upper]``; "clamp" clamps ``w``).
+    Numerator tokens: ``loss_mask & m2po_mask & rejection keep``; denominators from
+    ``loss_mask`` (see :func:`agg_loss`).
+
+    Args:
+        logp: float ``[B, T]`` current policy log-probs (differentiable).
+        prox_logp: ``[B, T]`` proximal log-probs, the ratio's reference (detached here).
+        behave_logp: ``[B, T]`` behaviour log-probs recorded while sampling (detached here).
+        advantages: ``[B, T]`` (detached here).
+        loss_mask: bool ``[B, T]``; m2po_mask: bool ``[B, T]`` or None.
+        spec: the loss options (:class:`PPOLossSpec`).
+    Returns:
+        ``(loss, stats)``; stats (means over valid tokens unless named otherwise):
+        ``actor/clip_fraction``, ``actor/dual_clip_fraction`` (kept tokens whose clipped /
+        dual-clip branch is active, over valid tokens), ``actor/importance_weight`` (+ ``_max``,
+        ``_min``), ``actor/approx_kl`` (proximal - current), ``actor/behave_imp_weight``
+        (+ ``_max``), ``actor/behave_approx_kl`` (behave - proximal), ``actor/rejected_fraction``
+        (valid tokens rejected, or whose weight was clamped), ``actor/pg_loss``.
+    """
+    check_loss_inputs(
+        loss_mask,
+        m2po_mask,
+        spec.loss_agg_mode,
+        logp=logp,
+        prox_logp=prox_logp,
+        behave_logp=behave_logp,
+        advantages=advantages,
+    )
+    dtype = compute_dtype(logp, prox_logp, behave_logp, advantages)
+    valid = loss_mask
+    lp = logp.to(dtype)
+    prox = prox_logp.detach().to(dtype)
+    behave = behave_logp.detach().to(dtype)
+    adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
+    cand = valid if m2po_mask is None else valid & m2po_mask
+    w, keep, affected = _behaviour_weight(spec.rejection_sampling, prox, behave, valid, cand)
+    ratio, adv = policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
+    pg, clip_active, dual_active = _clipped_pg(ratio, adv, spec)
+    loss = agg_loss(pg * w, keep, valid, spec.loss_agg_mode, spec.max_tokens_norm)
+    fractions = {
+        "actor/clip_fraction": clip_active & keep,
+        "actor/dual_clip_fraction": dual_active & keep,
+        "actor/rejected_fraction": affected,
+    }
+    kl_terms = (prox - lp.detach(), behave - prox)
+    return loss, _ppo_stats(loss, valid, fractions, ratio, w, kl_terms)

@@ -1,0 +1,249 @@
+"""The inference-engine interface: what a rollout backend (in-process HF, SGLang, vLLM, ...) does.
+
+A rollout workflow (:mod:`areal_m2po.api.workflow_api`) asks an :class:`InferenceEngine` for
+completions with :meth:`InferenceEngine.agenerate`, one :class:`ModelRequest` (one context,
+one completion) at a time; the trainer hands it new weights with
+:meth:`InferenceEngine.update_weights_from_tensors` or
+:meth:`InferenceEngine.update_weights_from_disk`, each stamped with a policy version. Every
+generated token comes back with the behaviour log-prob and the version of the weights that
+produced it, which is all PPO/M2PO need to correct for off-policy samples.
+
+Threads: ``agenerate`` runs on the rollout executor's asyncio event loop (the trainer's thread
+in sync mode, a background thread in async mode). ``update_weights_*``, ``pause``,
+``resume``, ``set_version``, ``initialize`` and ``destroy`` are called from the trainer's
+thread, possibly while ``agenerate`` calls are in flight on the loop thread (async mode); an
+engine must allow that. ``get_version`` may be called from either.
+
+This module imports nothing of areal_m2po but :mod:`areal_m2po.api.cli_args`, so any backend
+or workflow can import it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from areal_m2po.api.cli_args import GenerationConfig
+
+if TYPE_CHECKING:  # a type only (torch is no areal_m2po module: no cycle)
+    import torch
+
+__all__ = [
+    "FINISH_REASONS",
+    "InferenceEngine",
+    "ModelRequest",
+    "ModelResponse",
+    "SamplingParams",
+]
+
+FINISH_REASONS = ("stop", "length", "abort")
+"""Why a completion ended: ``stop`` (an EOS token, one of ``stop_token_ids``, or a stop
+string: the last output token is the one that ended it, and it is kept), ``length``
+(``max_new_tokens`` generated), ``abort`` (cut short and not continued; see
+:class:`ModelResponse`)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one completion is sampled.
+
+    Args:
+        max_new_tokens: tokens generated at most (>= 1).
+        temperature: softmax temperature (> 0); 0 means greedy decoding, whose behaviour
+            log-probs are reported as 0.0.
+        top_p: nucleus mass in (0, 1]; 1 = off.
+        top_k: keep the ``top_k`` most likely tokens; 0 = off.
+        min_new_tokens: EOS and stop tokens are suppressed before this many tokens.
+        stop_token_ids: tokens that end the completion like EOS (kept as its last token).
+        stop: strings that end the completion once the decoded output contains one (the token
+            completing it is kept; nothing after it is generated).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {self.max_new_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens: must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """Greedy decoding (``temperature == 0``)."""
+        return self.temperature == 0
+
+    @classmethod
+    def from_gconfig(cls, g: GenerationConfig, greedy: bool = False) -> SamplingParams:
+        """The sampling of the ``gconfig`` section (greedy: ``temperature`` 0, as evaluation
+        and ``gconfig.greedy`` use)."""
+        return cls(
+            max_new_tokens=g.max_new_tokens,
+            temperature=0.0 if greedy or g.greedy else g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            min_new_tokens=g.min_new_tokens,
+            stop=tuple(g.stop or ()),
+        )
+
+
+@dataclass
+class ModelRequest:
+    """One generation request: continue ``input_ids`` with one sampled completion.
+
+    Args:
+        input_ids: the context's token ids (prompt, or a whole multi-turn history so far).
+        sampling: how to sample.
+        rid: request id (logging, and servers that key requests by id).
+        metadata: free for the workflow; engines pass it through untouched.
+    """
+
+    input_ids: list[int]
+    sampling: SamplingParams
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.input_ids:
+            raise ValueError("ModelRequest.input_ids: empty context")
+
+
+@dataclass
+class ModelResponse:
+    """The completion of one :class:`ModelRequest`.
+
+    The three ``output_*`` lists have one entry per generated token, in order:
+
+    Args:
+        input_ids: the request's context (a copy of ``ModelRequest.input_ids``).
+        output_ids: the generated token ids, the token that ended the completion included
+            (EOS, a stop token, or the token completing a stop string); no padding.
+        output_logprobs: behaviour log-prob (nats) of each output token under the weights that
+            produced it: ``log softmax(logits / temperature)[token]`` over the full vocabulary,
+            before ``top_p``/``top_k`` truncation; 0.0 for greedy decoding.
+        output_versions: the policy version of the weights that produced each output token. A
+            completion interrupted by a weight update and continued holds several versions
+            (non-decreasing).
+        finish_reason: one of :data:`FINISH_REASONS`. Engines continue a completion cut short
+            by a weight update or a pause themselves, so ``abort`` reaches a workflow only
+            when the engine is being destroyed.
+        rid: the request's id.
+        latency_s: wall-clock seconds from submission to the last token (information only).
+    """
+
+    input_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str
+    rid: str = ""
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+            raise ValueError(
+                f"ModelResponse: {n} output_ids, {len(self.output_logprobs)} output_logprobs, "
+                f"{len(self.output_versions)} output_versions (must be equal)"
+            )
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"ModelResponse.finish_reason: {self.finish_reason!r} is not one of "
+                f"{', '.join(FINISH_REASONS)}"
+            )
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_ids)
+
+
+class InferenceEngine(abc.ABC):
+    """A rollout backend: generates with a versioned copy of the policy.
+
+    Lifecycle: ``initialize()`` once before the first call (starting or reaching servers,
+    loading a model), ``destroy()`` once at the end (idempotent; it must not raise when
+    ``initialize`` failed half-way). Versions: a fresh engine holds version 0 unless
+    ``initialize``/``set_version`` says otherwise; every ``update_weights_*`` call sets it.
+    """
+
+    def initialize(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Get ready to serve (start or reach servers, load the model). Default: nothing."""
+
+    def destroy(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release everything ``initialize`` acquired (idempotent). Default: nothing."""
+
+    @abc.abstractmethod
+    async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        """Sample one completion of ``request.input_ids``.
+
+        Concurrent calls are expected (a GRPO group issues its ``n`` requests at once, a
+        batch issues all its groups'); an engine may batch them. Raises an exception whose
+        one-line message names the backend (a server address, say) when it cannot serve.
+        """
+
+    @abc.abstractmethod
+    def update_weights_from_tensors(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load new policy weights given in memory and stamp them ``version``.
+
+        ``named_tensors`` yields ``(name, full tensor)`` pairs with the names of the policy's
+        Hugging Face ``state_dict`` (a tied output embedding may come under one name only),
+        once each; it is consumed exactly once and may gather from a sharded model as it
+        goes, so an engine must not keep more of it than it needs. Returns when every token
+        generated from then on uses the new weights and carries ``version`` (in-flight
+        requests are finished with the old weights or interrupted and continued with the new
+        ones; their per-token versions say which).
+        """
+
+    @abc.abstractmethod
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        """As :meth:`update_weights_from_tensors`, from a directory holding
+        ``model.safetensors`` (and ``config.json``), as
+        :func:`areal_m2po.engine.weight_files.write_weights` writes it."""
+
+    @abc.abstractmethod
+    def pause(self) -> None:
+        """Stop generating soon: running completions are interrupted (and continued after
+        :meth:`resume`), new requests wait. Returns once nothing is being generated."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Continue after :meth:`pause`."""
+
+    @abc.abstractmethod
+    def get_version(self) -> int:
+        """The policy version of the weights generating now."""
+
+    def check_health(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Raise the error that keeps this engine from serving (a server died, and failures
+        are not tolerated) with a one-line message naming the culprit; executors call it
+        while they wait. Default: nothing (an engine that can only fail inside calls)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Gauges logged with every training batch (e.g. ``rollout/n_servers``). Default:
+        none."""
+        return {}
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None:
+        """Declare the weights held now to be ``version`` (e.g. after a resume from a
+        checkpoint, when the weights were loaded by other means)."""

@@ -1,0 +1,212 @@
+"""The in-process inference engine: Hugging Face ``generate`` on a copy of the policy.
+
+:class:`HFInferenceEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine` over
+:class:`~areal_m2po.engine.rollout.RolloutEngine`. Requests that arrive together (the ``n``
+requests of every group of a batch, issued at once by the workflows) are sampled in **one**
+``generate`` call: the engine waits until the event loop has gone one full turn without a new
+request, then groups the pending requests by sampling parameters and, within a group, runs of
+consecutive requests with the same context. With ``k`` the greatest common divisor of the run
+lengths, each run becomes ``length / k`` prompts sampled ``k`` times with one shared prefill
+(:mod:`areal_m2po.engine.prefill`), rows in request order. A batch of ``B`` groups of ``n``
+therefore makes the very call the trainer made before workflows existed (``B`` prompts, ``n``
+samples each), and with the same torch seed gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.engine.rollout import RolloutEngine
+from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.utils.data import Batch
+
+__all__ = ["HFInferenceEngine", "plan_calls"]
+
+_Job = tuple[ModelRequest, "asyncio.Future[ModelResponse]", float]
+
+
+def plan_calls(contexts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """``(prompts, k)``: one ``generate`` call over ``prompts`` with ``k`` samples each whose
+    rows ``0 .. len(contexts) - 1`` answer ``contexts`` in order (runs of equal consecutive
+    contexts share a prompt; ``k`` is the gcd of the run lengths)."""
+    runs: list[tuple[list[int], int]] = []
+    for ctx in contexts:
+        if runs and runs[-1][0] == ctx:
+            runs[-1] = (ctx, runs[-1][1] + 1)
+        else:
+            runs.append((ctx, 1))
+    k = 0
+    for _, length in runs:
+        k = math.gcd(k, length)
+    prompts = [ctx for ctx, length in runs for _ in range(length // k)]
+    return prompts, k
+
+
+def _gconfig(s: SamplingParams, n: int) -> GenerationConfig:
+    return GenerationConfig(
+        n_samples=n,
+        max_new_tokens=s.max_new_tokens,
+        min_new_tokens=s.min_new_tokens,
+        temperature=1.0 if s.greedy else s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        stop=list(s.stop) or None,
+    )
+
+
+class HFInferenceEngine(InferenceEngine):
+    """Generation in this process, on a frozen copy of the policy.
+
+    Args:
+        model: the policy (deep-copied; the copy is the behaviour policy).
+        tokenizer: its tokenizer.
+        device: where generation runs.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
+        self.rollout = RolloutEngine(model, tokenizer, device)
+        self._pending: list[_Job] = []
+        self._flush_scheduled = False
+        self._model_lock = threading.Lock()
+        self._running = threading.Event()
+        self._running.set()
+
+    # -- properties the workflows and executors read -----------------------------------------
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return self.rollout.eos_ids
+
+    @property
+    def pad_id(self) -> int:
+        return self.rollout.pad_id
+
+    # -- InferenceEngine ----------------------------------------------------------------------
+
+    async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ModelResponse] = loop.create_future()
+        self._pending.append((request, future, time.perf_counter()))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.create_task(self._flush_when_idle())
+        return await future
+
+    async def _flush_when_idle(self) -> None:
+        seen = -1
+        while seen != len(self._pending):  # one loop turn without a new request
+            seen = len(self._pending)
+            await asyncio.sleep(0)
+        jobs, self._pending = self._pending, []
+        self._flush_scheduled = False
+        while not self._running.is_set():  # paused: wait for resume()
+            await asyncio.sleep(0.01)
+        try:
+            answers = await asyncio.to_thread(self._generate_jobs, jobs)
+        except BaseException as exc:
+            for _, future, _ in jobs:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future, _), answer in zip(jobs, answers):
+            if not future.done():
+                future.set_result(answer)
+
+    def _generate_jobs(self, jobs: list[_Job]) -> list[ModelResponse]:
+        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling."""
+        by_params: dict[SamplingParams, list[int]] = {}
+        for i, (req, _, _) in enumerate(jobs):
+            by_params.setdefault(req.sampling, []).append(i)
+        answers: list[ModelResponse | None] = [None] * len(jobs)
+        with self._model_lock:
+            for params, rows in by_params.items():
+                contexts = [jobs[i][0].input_ids for i in rows]
+                if params.greedy:
+                    prompts, k = contexts, 1
+                else:
+                    prompts, k = plan_calls(contexts)
+                batch = self.rollout.generate(
+                    prompts,
+                    _gconfig(params, k),
+                    greedy=params.greedy,
+                    stop_token_ids=list(params.stop_token_ids),
+                )
+                version = self.rollout.version
+                for row, i in enumerate(rows):
+                    req, _, t0 = jobs[i]
+                    answers[i] = self._response(req, batch, row, version, t0)
+        return [a for a in answers if a is not None]
+
+    def _response(
+        self, req: ModelRequest, batch: Batch, row: int, version: int, t0: float
+    ) -> ModelResponse:
+        mask = batch["loss_mask"][row]
+        out = [int(t) for t in batch["input_ids"][row][mask].tolist()]
+        stops = set(self.rollout.eos_ids) | set(req.sampling.stop_token_ids)
+        if out and out[-1] in stops:
+            finish = "stop"
+        elif len(out) >= req.sampling.max_new_tokens:
+            finish = "length"
+        else:  # ended by a stop string
+            finish = "stop"
+        return ModelResponse(
+            input_ids=list(req.input_ids),
+            output_ids=out,
+            output_logprobs=[float(x) for x in batch["logprobs"][row][mask].tolist()],
+            output_versions=[version] * len(out),
+            finish_reason=finish,
+            rid=req.rid,
+            latency_s=time.perf_counter() - t0,
+        )
+
+    def update_weights_from_tensors(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        version: int,
+    ) -> None:
+        with self._model_lock:
+            self.rollout.update_weights(named_tensors, version)
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        state, stamp = read_weights(path)
+        if stamp is not None and stamp != version:
+            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
+        self.update_weights_from_tensors(state, version)
+
+    def pause(self) -> None:
+        self._running.clear()
+        with self._model_lock:  # the running generate call has returned
+            pass
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def get_version(self) -> int:
+        return self.rollout.version
+
+    def set_version(self, version: int) -> None:
+        self.rollout.version = int(version)
+
+    # -- recover checkpoints ------------------------------------------------------------------
+
+    def state_dict(
+        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
+    ) -> dict[str, Any]:
+        """See :meth:`RolloutEngine.state_dict`."""
+        return self.rollout.state_dict(policy, policy_version)
+
+    def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
+        """See :meth:`RolloutEngine.load_state_dict`."""
+        with self._model_lock:
+            self.rollout.load_state_dict(state, policy)

@@ -1,0 +1,350 @@
+"""The in-process vLLM engine: ``vllm.LLM`` inside the trainer's process (TRL's colocate mode).
+
+:class:`VLLMInferenceEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine`.
+Requests that arrive together (the ``n`` requests of every group of a batch) are sampled in one
+``LLM.generate`` call, batched as the HF engine batches them: after one full turn of the event
+loop without a new request. vLLM's prefix cache shares the prefill of a group's ``n`` samples.
+
+Behaviour log-probs: the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for
+the sampled token's log-prob (``SamplingParams(logprobs=0)``), which is
+``log softmax(logits / temperature)[token]``, the trainer's convention (vLLM's default,
+``raw_logprobs``, would give the temperature-1 log-probs). ``top_p``/``top_k`` are refused for
+sampling: the processed log-probs would then be those of the truncated distribution.
+
+Weights: :meth:`update_weights_from_tensors` streams the named tensors into vLLM's in-place
+reload (``collective_rpc("reload_weights", weights_iterator=...)``; no disk), always with
+``lm_head.weight`` for a tied model (:mod:`.vllm_weights`), resets the prefix cache (its KV
+entries belong to the old weights) and stamps the version (vLLM labels every output token with
+it). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which
+:meth:`initialize` sets together with the CPU variables of :func:`.vllm_setup.vllm_env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
+from areal_m2po.api.engine_api import SamplingParams as RequestSampling
+from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.rollout.vllm_setup import check_vllm_model, cuda_available, import_vllm, vllm_env
+from areal_m2po.rollout.vllm_weights import NameCheck, checkpoint_names, with_tied_head
+
+__all__ = ["VLLMEngineOptions", "VLLMInferenceEngine", "eos_ids_of", "to_vllm_sampling"]
+
+_Job = tuple[ModelRequest, "asyncio.Future[ModelResponse]", float]
+
+
+@dataclass(frozen=True)
+class VLLMEngineOptions:
+    """How the in-process ``vllm.LLM`` is built (the ``rollout.vllm.*`` config keys).
+
+    Args:
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto``.
+        max_model_len: context length (prompt + completion) the engine reserves for.
+        seed: vLLM's sampling seed.
+        num_threads: torch CPU threads (None: keep ``OMP_NUM_THREADS``).
+        kv_cache_gib: CPU KV cache GiB (``VLLM_CPU_KVCACHE_SPACE``).
+        gpu_memory_utilization: GPU memory share of the engine (weights + KV cache) on CUDA.
+        enable_sleep_mode: CUDA only: the engine sleeps (frees its memory) around updates.
+        max_num_seqs: sequences batched at most per engine step.
+    """
+
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    seed: int = 0
+    num_threads: int | None = None
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.3
+    enable_sleep_mode: bool = False
+    max_num_seqs: int = 256
+
+
+def eos_ids_of(tokenizer: Any, model_path: str) -> list[int]:
+    """EOS ids of the tokenizer and of the model's ``generation_config.json``, in that order."""
+    import json
+
+    eos = tokenizer.eos_token_id
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    path = os.path.join(model_path, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as fh:
+            extra = json.load(fh).get("eos_token_id")
+        for e in extra if isinstance(extra, list) else [extra]:
+            if e is not None and int(e) not in ids:
+                ids.append(int(e))
+    return ids
+
+
+def to_vllm_sampling(vllm: Any, s: RequestSampling, eos_ids: list[int]) -> Any:
+    """vLLM ``SamplingParams`` for one completion of ``s`` with its sampled-token log-prob."""
+    if not s.greedy and (s.top_p < 1.0 or s.top_k > 0):
+        raise ValueError(
+            f"vLLM engine: top_p={s.top_p}, top_k={s.top_k}: its behaviour log-probs would be "
+            "those of the truncated distribution, not log softmax(logits / temperature)"
+        )
+    stops = list(dict.fromkeys([*eos_ids, *s.stop_token_ids]))
+    return vllm.SamplingParams(
+        n=1,
+        temperature=0.0 if s.greedy else s.temperature,
+        max_tokens=s.max_new_tokens,
+        min_tokens=s.min_new_tokens,
+        stop_token_ids=stops,
+        stop=list(s.stop) or None,
+        logprobs=None if s.greedy else 0,
+        detokenize=bool(s.stop),
+    )
+
+
+def output_versions(spans: Any, n_tokens: int, default: int) -> list[int]:
+    """Per-token versions from vLLM's weight-version spans (``default`` where unlabelled)."""
+    versions = [default] * n_tokens
+    for span in spans or ():
+        label = str(span.version)
+        if label.lstrip("-").isdigit():
+            versions[span.start : span.end] = [int(label)] * (span.end - span.start)
+    return versions
+
+
+class VLLMInferenceEngine(InferenceEngine):
+    """vLLM in this process, on a copy of the policy loaded from ``model_path``.
+
+    Args:
+        model_path: a Hugging Face model directory (the policy's initial weights, its config).
+        tokenizer: the policy's tokenizer (EOS and padding ids).
+        tokenizer_path: where vLLM loads the tokenizer from (None: ``model_path``).
+        options: how the engine is built.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        tokenizer_path: str | None = None,
+        options: VLLMEngineOptions | None = None,
+    ) -> None:
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.options = options or VLLMEngineOptions()
+        self.eos_ids = eos_ids_of(tokenizer, model_path)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
+        self.llm: Any = None
+        self._vllm: Any = None
+        self._version = 0
+        self._tied = False
+        self._names: set[str] = set()
+        self._asleep = False
+        self._pending: list[_Job] = []
+        self._flush_scheduled = False
+        self._lock = threading.Lock()
+        self._running = threading.Event()
+        self._running.set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """Build ``vllm.LLM`` (sets the vLLM environment variables of this process first)."""
+        if self.llm is not None:
+            return
+        o = self.options
+        on_gpu = cuda_available()
+        check_vllm_model(self.model_path, on_gpu)
+        os.environ.update(vllm_env(o.num_threads, o.kv_cache_gib, in_process=True))
+        if not on_gpu and os.environ.get("TORCHDYNAMO_DISABLE", "1") == "1":
+            # CPU: vLLM's sampler torch.compiles a helper (log-prob ranks), which compiles C++
+            # again for new batch shapes: 15-75 s stalls in the first rounds here. Eager is
+            # exact; the trainer compiles nothing. Set TORCHDYNAMO_DISABLE=0 to keep compiling.
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
+        self._vllm = import_vllm()
+        from transformers import AutoConfig
+
+        self._tied = bool(
+            getattr(AutoConfig.from_pretrained(self.model_path), "tie_word_embeddings", False)
+        )
+        self._names = checkpoint_names(self.model_path)
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            tokenizer=self.tokenizer_path,
+            dtype=o.dtype,
+            max_model_len=o.max_model_len,
+            seed=o.seed,
+            enforce_eager=not on_gpu,  # CPU: compiled mode took ~100 s to start, no faster
+            logprobs_mode="processed_logprobs",
+            max_num_seqs=o.max_num_seqs,
+        )
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=o.gpu_memory_utilization)
+            kwargs.update(enable_sleep_mode=o.enable_sleep_mode)
+        self.llm = self._vllm.LLM(**kwargs)
+        self.llm.llm_engine.set_weight_version(str(self._version))
+
+    def destroy(self) -> None:
+        """Drop the engine (its memory is freed once nothing else holds it)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            with self._lock:
+                del llm
+            gc.collect()
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        if self.llm is None:
+            raise RuntimeError("vLLM engine: initialize() first")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ModelResponse] = loop.create_future()
+        self._pending.append((request, future, time.perf_counter()))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.create_task(self._flush_when_idle())
+        return await future
+
+    async def _flush_when_idle(self) -> None:
+        seen = -1
+        while seen != len(self._pending):  # one loop turn without a new request
+            seen = len(self._pending)
+            await asyncio.sleep(0)
+        jobs, self._pending = self._pending, []
+        self._flush_scheduled = False
+        while not self._running.is_set():  # paused: wait for resume()
+            await asyncio.sleep(0.01)
+        try:
+            answers = await asyncio.to_thread(self._generate_jobs, jobs)
+        except BaseException as exc:
+            for _, future, _ in jobs:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future, _), answer in zip(jobs, answers):
+            if not future.done():
+                future.set_result(answer)
+
+    def _generate_jobs(self, jobs: list[_Job]) -> list[ModelResponse]:
+        """One ``LLM.generate`` call over ``jobs``; responses in order."""
+        vllm = self._vllm
+        params = [to_vllm_sampling(vllm, req.sampling, self.eos_ids) for req, _, _ in jobs]
+        prompts = [vllm.TokensPrompt(prompt_token_ids=list(req.input_ids)) for req, _, _ in jobs]
+        with self._lock:
+            if self.llm is None:
+                raise RuntimeError("vLLM engine: destroyed")
+            self._wake_locked()
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            version = self._version
+            if self.options.enable_sleep_mode:  # free the GPU for the trainer until needed
+                self.llm.sleep(level=1)
+                self._asleep = True
+        return [self._response(req, out, version, t0) for (req, _, t0), out in zip(jobs, outs)]
+
+    def _response(self, req: ModelRequest, out: Any, version: int, t0: float) -> ModelResponse:
+        comp = out.outputs[0]
+        ids = [int(t) for t in comp.token_ids]
+        if req.sampling.greedy or comp.logprobs is None:
+            logps = [0.0] * len(ids)
+        else:
+            logps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs, ids)]
+        finish = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
+        return ModelResponse(
+            input_ids=list(req.input_ids),
+            output_ids=ids,
+            output_logprobs=logps,
+            output_versions=output_versions(
+                getattr(comp, "weight_versions", None), len(ids), version
+            ),
+            finish_reason=finish,
+            rid=req.rid,
+            latency_s=time.perf_counter() - t0,
+        )
+
+    # -- weights and versions -----------------------------------------------------------------
+
+    def update_weights_from_tensors(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        version: int,
+    ) -> None:
+        self.initialize()  # a resume loads the checkpoint's weights before the executor starts
+        pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        check = NameCheck(self._names, self._tied)
+        stream = with_tied_head(check.wrap(pairs), self._tied)
+        with self._lock:
+            self._wake_locked()
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+            self.llm.reset_prefix_cache()
+            missing = check.missing()
+            if missing:
+                raise RuntimeError(
+                    f"vLLM weight update got no value for {len(missing)} tensors (e.g. "
+                    f"{missing[0]!r}); the behaviour policy would silently keep old weights"
+                )
+            self._set_version_locked(version)
+
+    def update_weights_from_disk(self, path: str, version: int) -> None:
+        state, stamp = read_weights(path)
+        if stamp is not None and stamp != version:
+            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
+        self.update_weights_from_tensors(state, version)
+
+    def _wake_locked(self) -> None:
+        """Sleep mode (CUDA only; vLLM's CPU build has none, so this path is not exercised by
+        the tests here): wake the engine before it generates or loads weights."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _set_version_locked(self, version: int) -> None:
+        self._version = int(version)
+        if self.llm is not None:
+            self.llm.llm_engine.set_weight_version(str(self._version))
+
+    def pause(self) -> None:
+        self._running.clear()
+        with self._lock:  # the running generate call has returned
+            pass
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        with self._lock:
+            self._set_version_locked(version)
+
+    # -- recover checkpoints ------------------------------------------------------------------
+
+    def state_dict(
+        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
+    ) -> dict[str, Any]:
+        """``{"version", "weights": None}``: the engine holds the trainer's weights of its
+        version (vLLM keeps them in kernel layout, which cannot be saved as a checkpoint), so
+        ``policy`` is consumed to the end (it may be a collective gather) and not kept."""
+        for _ in policy:
+            pass
+        if policy_version != self._version:
+            raise RuntimeError(
+                f"vLLM engine holds version {self._version}, the policy {policy_version}: its "
+                "weights cannot be checkpointed (vLLM keeps them in kernel layout)"
+            )
+        return {"version": self._version, "weights": None}
+
+    def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
+        """Restore :meth:`state_dict`: load ``policy()`` (or saved weights) as its version."""
+        weights = state.get("weights")
+        self.update_weights_from_tensors(
+            policy() if weights is None else weights, int(state["version"])
+        )

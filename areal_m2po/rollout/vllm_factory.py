@@ -1,0 +1,76 @@
+"""The vLLM engine ``rollout.backend: vllm`` asks for: in process or servers (rollout.vllm)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from areal_m2po.api.cli_args import ConfigError, PPOConfig
+from areal_m2po.api.engine_api import InferenceEngine
+from areal_m2po.engine.builtin_models import resolve_model_path
+
+__all__ = ["build_vllm_engine"]
+
+
+def build_vllm_engine(
+    cfg: PPOConfig, tokenizer: Any, output_dir: str, world: int = 1
+) -> InferenceEngine:
+    """The engine of ``cfg.rollout.vllm`` (not yet initialized) for one of ``world`` trainer
+    processes: in process, each process has its own engine (its own GPU share); servers are
+    shared, and run with one trainer process for now (each process would reload them)."""
+    roll, v = cfg.rollout, cfg.rollout.vllm
+    if roll.vllm_placement == "servers" and world > 1:
+        raise ConfigError(
+            "rollout.vllm.placement",
+            f"servers runs with one trainer process for now, this run has {world}; use "
+            "placement=in_process (one engine per process) or launch one trainer process",
+        )
+    model_path = resolve_model_path(cfg.actor.path)
+    tok_path = resolve_model_path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path
+    max_len = v.max_model_len or cfg.train_dataset.max_prompt_length + cfg.gconfig.max_new_tokens
+    dtype = v.dtype or cfg.actor.dtype
+    if roll.vllm_placement == "in_process":
+        from areal_m2po.rollout.vllm_engine import VLLMEngineOptions, VLLMInferenceEngine
+
+        options = VLLMEngineOptions(
+            dtype=dtype,
+            max_model_len=max_len,
+            seed=cfg.seed,
+            num_threads=cfg.num_threads,
+            kv_cache_gib=v.kv_cache_gib,
+            gpu_memory_utilization=v.gpu_memory_utilization or 0.3,
+            enable_sleep_mode=v.enable_sleep_mode,
+        )
+        return VLLMInferenceEngine(model_path, tokenizer, tok_path, options)
+    from areal_m2po.rollout.vllm_server_engine import VLLMServerEngine, VLLMServerEngineOptions
+    from areal_m2po.rollout.vllm_servers import VLLMServerOptions
+
+    servers = None
+    if not roll.server_addrs:
+        servers = VLLMServerOptions(
+            model_path=model_path,
+            tokenizer_path=tok_path,
+            dtype=dtype,
+            max_model_len=max_len,
+            seed=cfg.seed,
+            num_threads=roll.server_threads,
+            kv_cache_gib=v.kv_cache_gib,
+            gpu_memory_utilization=v.gpu_memory_utilization or 0.9,
+            python=v.python,
+            extra_args=tuple(v.server_args or ()),
+        )
+    options = VLLMServerEngineOptions(
+        weights_root=os.path.join(output_dir, "rollout_weights"),
+        setup_timeout=roll.setup_timeout,
+        request_timeout=roll.request_timeout,
+        health_timeout=roll.health_check_timeout,
+    )
+    return VLLMServerEngine(
+        tokenizer,
+        model_path,
+        options,
+        addrs=list(roll.server_addrs) if roll.server_addrs else None,
+        servers=servers,
+        n_servers=roll.n_servers,
+        log_dir=os.path.join(output_dir, "logs"),
+    )

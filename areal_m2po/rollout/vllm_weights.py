@@ -1,0 +1,79 @@
+"""Policy weights into vLLM: the tied output layer, the names a full update must cover.
+
+vLLM's CPU backend keeps its own packed copy of a tied ``lm_head`` and refreshes it only when
+``lm_head.weight`` is among the loaded tensors: an update carrying the input embedding alone
+(what a tied Hugging Face ``state_dict`` may hold) leaves the old output layer in place with no
+warning (measured: 0.4-0.55 nats of log-prob error). :func:`with_tied_head` therefore always
+adds ``lm_head.weight`` (the embedding) for a tied model, and :class:`NameCheck` refuses an
+update that misses a tensor of the model's checkpoint, since vLLM only logs that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+
+__all__ = ["EMBED_NAME", "HEAD_NAME", "NameCheck", "checkpoint_names", "with_tied_head"]
+
+HEAD_NAME = "lm_head.weight"
+EMBED_NAME = "model.embed_tokens.weight"
+
+
+def with_tied_head(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named_tensors`` once each, plus ``lm_head.weight`` = the input embedding at the end
+    when ``tied`` and it did not come (nothing is added for an untied model)."""
+    embed: torch.Tensor | None = None
+    head_seen = False
+    for name, tensor in named_tensors:
+        if name == EMBED_NAME:
+            embed = tensor
+        head_seen = head_seen or name == HEAD_NAME
+        yield name, tensor
+    if tied and not head_seen:
+        if embed is None:
+            raise RuntimeError(
+                f"vLLM weight update: tied model but neither {HEAD_NAME!r} nor {EMBED_NAME!r} "
+                "came; the output layer would silently keep old weights"
+            )
+        yield HEAD_NAME, embed
+
+
+def checkpoint_names(model_path: str) -> set[str]:
+    """Tensor names of the ``*.safetensors`` files in ``model_path`` (empty if none)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    if not os.path.isdir(model_path):
+        return names
+    for file in sorted(os.listdir(model_path)):
+        if file.endswith(".safetensors"):
+            with safe_open(os.path.join(model_path, file), framework="pt") as fh:
+                names.update(fh.keys())
+    return names
+
+
+class NameCheck:
+    """Counts the names an update yields; :meth:`missing` lists expected ones that never came.
+
+    Args:
+        expected: the tensor names every full update must hold (the model's checkpoint).
+        tied: a tied ``lm_head.weight`` may be absent from ``expected`` and from updates.
+    """
+
+    def __init__(self, expected: set[str], tied: bool) -> None:
+        self.expected = {n for n in expected if not (tied and n == HEAD_NAME)}
+        self.seen: set[str] = set()
+
+    def wrap(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            self.seen.add(name)
+            yield name, tensor
+
+    def missing(self) -> list[str]:
+        return sorted(self.expected - self.seen)

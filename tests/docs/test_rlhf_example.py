@@ -1,0 +1,66 @@
+"""examples/rlhf_reward_model.py: pairs from the policy's samples -> reward model -> PPO on the
+learned reward alone, at tiny size; and its pair-building and reward-gap helpers by hand."""
+
+from __future__ import annotations
+
+import random
+import runpy
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlhf_reward_model.py"
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return runpy.run_path(str(EXAMPLE), run_name="example_rlhf")
+
+
+def test_make_pairs_pairs_better_with_worse_distinct_texts(ex):
+    pairs = ex["make_pairs"](
+        "What is 2 + 3?",
+        ["5", "5", "6", "", "five", "6"],
+        [1.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+        10,
+        random.Random(0),
+    )
+    # distinct non-empty texts: 5 (right), 6 and five (wrong): 2 pairs, both chosen "5"
+    assert sorted((p["chosen"], p["rejected"]) for p in pairs) == [("5", "6"), ("5", "five")]
+    assert all(p["prompt"] == "What is 2 + 3?" for p in pairs)
+    capped = ex["make_pairs"]("q", ["a", "b", "c", "d"], [3.0, 2.0, 1.0, 0.0], 2, random.Random(0))
+    assert len(capped) == 2  # 6 ordered pairs exist, capped at 2
+    assert ex["make_pairs"]("q", ["a", "b"], [1.0, 1.0], 5, random.Random(0)) == []
+
+
+def test_reward_gap_by_hand(ex):
+    rows = [
+        {"learned": 0.0, "learned_std": 2.0, "true": 0.10, "corr": 0.5},
+        {"learned": 1.0, "learned_std": 2.0, "true": 0.10, "corr": 0.4},
+        {"learned": 4.0, "learned_std": 1.0, "true": 0.15, "corr": 0.1},
+    ]
+    gap = ex["reward_gap"](rows, window=1)
+    assert gap["learned_gain_in_std"] == pytest.approx((4.0 - 0.0) / 2.0)
+    assert gap["true_gain_points"] == pytest.approx(5.0)
+    assert (gap["corr_first"], gap["corr_last"]) == (0.5, 0.1)
+
+
+def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
+    summary = ex["main"](["--tiny", "--output-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "[1/3] pairs:" in out and "[2/3] reward model" in out and "[3/3] PPO" in out
+    pairs = summary["pairs"]
+    assert pairs["train_pairs"] > 0 and pairs["valid_pairs"] > 0
+    assert (tmp_path / "pairs" / "train.jsonl").is_file()
+    rm = summary["reward_model"]
+    assert 0.0 <= rm["eval_accuracy"] <= 1.0 and rm["eval_pairs"] == pairs["valid_pairs"]
+    assert (Path(rm["path"]) / "model.safetensors").is_file()
+    ppo = summary["ppo"]
+    assert [s for s, _ in ppo["true_accuracy"]] == [0, 1, 2]
+    assert [r["step"] for r in ppo["per_step"]] == [1, 2]
+    # the PPO run trained on the learned reward alone
+    cfg = yaml.safe_load((tmp_path / "ppo" / "config.yaml").read_text())
+    assert cfg["reward"]["model"]["path"] == rm["path"]
+    assert cfg["reward"]["model"]["verifiable_weight"] == 0.0
+    assert (tmp_path / "summary.json").is_file()

@@ -1,0 +1,451 @@
+"""scripts/stale_study.py end to end on the tiny built-in model (seconds): arms from YAML,
+resumable runs, finished runs archived and skipped, the report from run directories alone."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ARMS = ("grpo_onpolicy", "grpo", "grpo_noclip", "m2po")
+
+
+def _load():
+    import stale_study  # scripts/ is on pytest's pythonpath (pyproject.toml)
+
+    return stale_study
+
+
+@pytest.fixture(scope="module")
+def study():
+    return _load()
+
+
+def _tiny_args(tmp: Path, arms: str, *extra: str, seeds: str = "3") -> list[str]:
+    return [
+        "--model=builtin:tiny",
+        "--reward=toy_rewards:digit_fraction",
+        "--steps=2",
+        "--staleness=1",
+        f"--arms={arms}",
+        f"--seeds={seeds}",
+        "--batch-size=2",
+        "--n-samples=4",
+        "--max-new-tokens=6",
+        "--lr=3e-3",
+        "--eval-size=8",
+        "--eval-batch-size=8",
+        "--eval-every=1",
+        "--threads=1",
+        "--parallel=1",
+        "--recover-every=1",
+        f"--work-dir={tmp / 'work'}",
+        f"--archive-dir={tmp / 'repo' / 'runs'}",
+        f"--csv={tmp / 'repo' / 'study.csv'}",
+        f"--png={tmp / 'repo' / 'study.png'}",
+        f"--md={tmp / 'repo' / 'study.md'}",
+        "--round1-csv=",
+        "--pilot-staleness=",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory, study):
+    tmp = tmp_path_factory.mktemp("stale_study")
+    args = _tiny_args(tmp, ",".join(ARMS))
+    assert study.main(args) == 0
+    return tmp, args
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    from study.runs import read_metrics
+
+    return read_metrics(str(run_dir))
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_arms_come_from_yaml(study, tmp_path):
+    arms, defaults = study.load_arms_file()
+    assert list(arms)[:4] == list(ARMS)
+    assert arms["grpo"].staleness == "stale" and arms["grpo_onpolicy"].staleness == "on_policy"
+    assert "actor.m2_threshold=null" in arms["grpo"].overrides
+    assert "actor.m2_threshold=0.04" in arms["m2po"].overrides and arms["m2po"].uses_m2po
+    assert defaults["eval_size"] >= 256 and defaults["lr"] == pytest.approx(1e-5)
+    bad = tmp_path / "arms.yaml"
+    bad.write_text("arms:\n  x:\n    staleness: sometimes\n    metric: actor/clip_fraction\n")
+    with pytest.raises(ValueError, match=r"arms\.x\.staleness"):
+        study.load_arms_file(str(bad))
+    with pytest.raises(SystemExit):
+        study.parse_args([f"--arms-file={bad}"])
+    with pytest.raises(SystemExit):
+        study.parse_args(["--arms=grpo,nope"])
+
+
+def test_pipeline_writes_csv_png_md(tiny_study):
+    tmp, _ = tiny_study
+    rows = _rows(tmp / "repo" / "study.csv")
+    assert [r["arm"] for r in rows] == list(ARMS)
+    for r in rows:
+        assert 0.0 <= float(r["final_accuracy"]) <= float(r["best_accuracy"]) <= 1.0
+        assert r["collapsed"] in ("yes", "no") and r["done"] == "yes"
+        assert r["steps_done"] == "2" and r["eval_n"] == "8"
+    assert {r["arm"]: r["staleness"] for r in rows} == {
+        "grpo_onpolicy": "0",
+        "grpo": "1",
+        "grpo_noclip": "1",
+        "m2po": "1",
+    }
+    assert (tmp / "repo" / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp / "repo" / "study.md").read_text()
+    assert "**4 of 4 runs of the study (s=1) are finished.**" in md
+    assert "| m2po | 1 | 1 of 1 |" in md  # per-arm table: seeds finished
+    # one seed: no claim can be judged
+    assert md.count("**pending**") == 5 and "reproduced**" not in md
+    assert '(`actor.path`): `"builtin:tiny"`' in md and "(`total_train_steps`): `2`" in md
+    assert "python scripts/stale_study.py" in md and "study.png" in md
+
+
+def test_runs_are_exact_resumable_and_archived_without_weights(tiny_study, study):
+    tmp, _ = tiny_study
+    for arm, s in (("grpo_onpolicy", 0), ("grpo", 1), ("grpo_noclip", 1), ("m2po", 1)):
+        work = tmp / "work" / f"{arm}_s{s}_seed3"
+        train = [r for r in _metrics(work) if "actor/version" in r]
+        assert [r["rollout/version_max"] for r in train] == [max(t - s, 0) for t in range(2)]
+        cfg = (work / "config.yaml").read_text()
+        assert "mode: auto" in cfg and "keep_last: 1" in cfg and "save_at_end: false" in cfg
+        if arm == "m2po":
+            assert "m2_threshold: 0.04" in cfg and "use_decoupled_loss: true" in cfg
+        else:
+            assert "m2_threshold: null" in cfg and "recompute_logprob: false" in cfg
+        assert not (work / "recover").exists()  # deleted once the run finished
+        done = json.loads((work / "done.json").read_text())
+        assert done["steps"] == 2 and done["attempts"] == 1 and done["commit"]
+        assert done["cpu_s"] > 0 and done["wall_s"] > 0
+        archived = tmp / "repo" / "runs" / work.name
+        assert sorted(p.name for p in archived.iterdir()) == sorted(
+            ["config.yaml", "done.json", "metrics.jsonl", "study_run.json"]
+        )
+
+
+def test_summary_numbers_come_from_metrics(tiny_study, study):
+    tmp, _ = tiny_study
+    row = next(r for r in _rows(tmp / "repo" / "study.csv") if r["arm"] == "grpo")
+    records = _metrics(tmp / "repo" / "runs" / "grpo_s1_seed3")
+    accs = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    assert len(accs) == 3  # updates 0, 1, 2
+    assert float(row["final_accuracy"]) == pytest.approx(accs[-1])
+    assert float(row["best_accuracy"]) == pytest.approx(max(accs))
+    # trapezoids over updates 0..2, divided by 2 updates
+    assert float(row["auc_accuracy"]) == pytest.approx((accs[0] + 2 * accs[1] + accs[2]) / 4)
+    sig = [r for r in records if r.get("actor/grad_norm", 0) > 0]
+    clip = [r["actor/clip_fraction"] for r in sig]
+    assert int(row["updates_with_signal"]) == len(clip) > 0
+    assert float(row["masked_or_clipped_fraction"]) == pytest.approx(sum(clip) / len(clip))
+    kl = [r["actor/approx_kl"] for r in sig]  # no proximal forward: behave - current
+    assert float(row["behave_kl"]) == pytest.approx(sum(kl) / len(kl))
+    steps_s = sorted(r["timing/step_s"] for r in records if "actor/version" in r)
+    assert float(row["step_s_median"]) == pytest.approx(sum(steps_s) / 2, rel=1e-5)  # 2 updates
+    m2po = next(r for r in _rows(tmp / "repo" / "study.csv") if r["arm"] == "m2po")
+    assert m2po["m2_before"] != "" and row["m2_before"] == ""
+
+
+def test_finished_runs_are_skipped_and_replot_works_from_the_archive(tiny_study, study, capsys):
+    tmp, args = tiny_study
+    shutil.rmtree(tmp / "work" / "grpo_s1_seed3")  # a fresh clone: only the archive is left
+    assert study.main([a for a in args if not a.startswith("--arms")] + ["--arms=grpo"]) == 0
+    assert "grpo_s1_seed3: finished" in capsys.readouterr().out
+    assert not (tmp / "work" / "grpo_s1_seed3").exists()
+    md = tmp / "repo" / "study.md"
+    md.write_text(md.read_text().replace("(not written yet)", "hand-written reading", 1))
+    (tmp / "repo" / "study.png").unlink()
+    shutil.rmtree(tmp / "work")
+    more = [a for a in args if not a.startswith(("--arms", "--seeds"))]
+    assert study.main([*more, f"--arms={','.join(ARMS)},m2po_sapo", "--seeds=3,4", "--replot"]) == 0
+    text = md.read_text()
+    assert "hand-written reading" in text and (tmp / "repo" / "study.png").exists()
+    assert "**4 of 10 runs of the study (s=1) are finished.**" in text
+    assert "m2po_sapo_s1_seed3 (not started)" in text and "grpo_s1_seed4 (not started)" in text
+    assert "# report regenerated with:" in text
+    assert len(_rows(tmp / "repo" / "study.csv")) == 4
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint(study, tmp_path):
+    args = _tiny_args(tmp_path, "m2po")
+    # first attempt stops after update 1 (as if killed): not finished, checkpoint kept
+    assert study.main([*args, "--set=total_train_steps=1"]) == 1
+    work = tmp_path / "work" / "m2po_s1_seed3"
+    assert not (work / "done.json").exists() and (work / "recover" / "step_1").is_dir()
+    md = (tmp_path / "repo" / "study.md").read_text()
+    assert "m2po_s1_seed3 (in progress: update 1/2)" in md
+    assert study.main(args) == 0
+    info = json.loads((work / "study_run.json").read_text())
+    assert [a["resumed_from_step"] for a in info["attempts"]] == [0, 1]
+    assert [a["rc"] for a in info["attempts"]] == [0, 0]
+    steps = [r["step"] for r in _metrics(work) if "actor/version" in r]
+    assert steps == [1, 2]  # update 1 is not trained twice
+    assert json.loads((work / "done.json").read_text())["attempts"] == 2
+
+
+def test_parallel_subprocess_runs(study, tmp_path):
+    """--parallel 2: each run is its own `python -m areal_m2po.train` process, as in the study."""
+    args = _tiny_args(tmp_path, "grpo_onpolicy,m2po", "--parallel=2")
+    args = [a for a in args if not a.startswith("--steps")] + ["--steps=1"]
+    assert study.main(args) == 0
+    for name in ("grpo_onpolicy_s0_seed3", "m2po_s1_seed3"):
+        work = tmp_path / "work" / name
+        info = json.loads((work / "study_run.json").read_text())
+        assert info["attempts"][0]["rc"] == 0 and "-m areal_m2po.train" in info["command"]
+        assert info["attempts"][0]["cpu_s"] > 1.0  # the child's own CPU time (os.wait4)
+        assert "training 1 steps" in (work / "train.log").read_text()
+        assert (work / "done.json").exists()
+    assert [r["steps_done"] for r in _rows(tmp_path / "repo" / "study.csv")] == ["1", "1"]
+
+
+def test_collapse_and_paired_statistics(study, tmp_path):
+    from study.runs import RunKey
+    from study.summary import paired_difference, summarise_run
+
+    run = tmp_path / "m2po_s4_seed1"
+    run.mkdir()
+    accs = {0: 0.25, 5: 0.8, 10: 0.35}
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step in range(11):
+            rec = {"step": step}
+            if step:
+                rec.update({"actor/grad_norm": 1.0, "m2po/masked_fraction": 0.1})
+            if step in accs:
+                rec.update({"eval/accuracy": accs[step], "eval/n": 64})
+            fh.write(json.dumps(rec) + "\n")
+    row = summarise_run(str(run), RunKey("m2po", 4, 1), 10, "m2po/masked_fraction")
+    assert row["collapsed"] == "" and row["final_accuracy"] == 0.35  # not finished: not judged
+    (run / "done.json").write_text(json.dumps({"steps": 10}))
+    row = summarise_run(str(run), RunKey("m2po", 4, 1), 10, "m2po/masked_fraction")
+    assert row["collapsed"] is True  # 0.35 < 0.5 * 0.8
+    assert row["best_step"] == 5 and row["masked_or_clipped_fraction"] == pytest.approx(0.1)
+    assert row["auc_accuracy"] == pytest.approx((5 * (0.25 + 0.8) / 2 + 5 * (0.8 + 0.35) / 2) / 10)
+    a = [{"seed": s, "x": v} for s, v in ((1, 0.5), (2, 0.6), (3, 0.7))]
+    b = [{"seed": s, "x": v} for s, v in ((1, 0.4), (2, 0.6), (3, 0.5), (4, 0.9))]
+    d = paired_difference(a, b, "x")  # diffs 0.1, 0.0, 0.2: mean 0.1, sd 0.1
+    assert d["n"] == 3 and d["mean"] == pytest.approx(0.1)
+    assert d["se"] == pytest.approx(0.1 / 3**0.5)
+    assert d["hi"] - d["mean"] == pytest.approx(4.303 * 0.1 / 3**0.5)
+
+
+def test_run_times_count_the_attempts_that_made_the_run(study, tmp_path):
+    """An attempt killed with its scheduler records no time: a run that resumed from its
+    checkpoints has an unknown time (blank), not the sum of the other attempts (the bug: 3
+    minutes for a 60-minute run); one redone from update 0 is timed by the redo."""
+    from study.runs import RunKey
+    from study.summary import summarise_run
+
+    run = tmp_path / "grpo_s4_seed1"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step in range(3):
+            fh.write(json.dumps({"step": step, "eval/accuracy": 0.5, "eval/n": 64}) + "\n")
+    (run / "done.json").write_text(json.dumps({"steps": 2}))
+
+    def times(*attempts: dict) -> tuple:
+        info = {"attempts": list(attempts), "wall_s": -1.0, "cpu_s": -1.0}  # sums not read
+        (run / "study_run.json").write_text(json.dumps(info))
+        row = summarise_run(str(run), RunKey("grpo", 4, 1), 2, "actor/clip_fraction")
+        return row["wall_s"], row["cpu_s"]
+
+    killed = {"start": 1.0, "resumed_from_step": 0}
+    resumed = {"start": 2.0, "resumed_from_step": 1, "wall_s": 200.0, "cpu_s": 190.0}
+    assert times(killed, resumed) == ("", "")  # unknown, as for a run still going
+    first = {"start": 1.0, "resumed_from_step": 0, "wall_s": 1000.0, "cpu_s": 900.0}
+    assert times(first, resumed) == (1200.0, 1090.0)
+    # killed before its first checkpoint: the next attempt started over and made the whole run
+    restarted = {"start": 2.0, "resumed_from_step": 0, "wall_s": 1300.0, "cpu_s": 1250.0}
+    assert times(killed, restarted) == (1300.0, 1250.0)
+    assert times(killed, restarted, resumed) == (1500.0, 1440.0)
+
+
+def test_verdict_rules(study):
+    from study import verdicts as V
+
+    def diff(m, se, lo, hi, n=3):
+        return {"mean": m, "se": se, "lo": lo, "hi": hi, "n": n}
+
+    assert V.grpo_degrades(diff(-0.10, 0.02, -0.18, -0.02))[0] == "reproduced"
+    assert V.grpo_degrades(diff(0.01, 0.01, -0.03, 0.05))[0] == "not reproduced"
+    assert V.grpo_degrades(diff(-0.05, 0.03, -0.18, 0.08))[0] == "inconclusive at this power"
+    assert V.m2po_matches_onpolicy(diff(0.0, 0.01, -0.04, 0.04))[0] == "reproduced"
+    assert V.m2po_matches_onpolicy(diff(0.2, 0.01, 0.1, 0.3))[0] == "reproduced"  # above
+    assert V.m2po_matches_onpolicy(diff(-0.1, 0.05, -0.3, 0.1))[0] == "inconclusive at this power"
+    assert V.m2po_matches_onpolicy(diff(-0.2, 0.02, -0.3, -0.1))[0] == "not reproduced"
+    assert V.m2po_beats_grpo(diff(0.1, 0.02, 0.01, 0.19))[0] == "reproduced"
+    arm = {"collapsed": 0, "n": 3}
+    assert V.noclip_collapses(arm, diff(0, 0.01, -0.04, 0.04))[0] == "not reproduced"
+    arm = {"collapsed": 2, "n": 3}
+    assert V.noclip_collapses(arm, diff(0, 0.01, -0.04, 0.04))[0] == "reproduced"
+    small = {"masked_or_clipped_fraction": 0.0005, "masked_or_clipped_fraction_se": 0.0001}
+    big = {"masked_or_clipped_fraction": 0.08, "masked_or_clipped_fraction_se": 0.01}
+    assert V.masked_fraction_small(small)[0] == "reproduced"
+    assert V.masked_fraction_small(big)[0] == "not reproduced"
+    v = V.judge("c", False, "waiting for m2po (1 of 3 seeds)", V.m2po_beats_grpo)
+    assert v.verdict == "pending" and "1 of 3" in v.because
+
+
+def test_plan_puts_the_pilot_first(study):
+    from study.scheduler import plan
+
+    arms, defaults = study.load_arms_file()
+    study_arms = [arms[a] for a in ARMS]
+    names = [k.name for _, k in plan(study_arms, 8, [1, 2], arms["grpo"], [4, 8, 16])]
+    assert names == [
+        "grpo_onpolicy_s0_seed1",  # the pilot's reference
+        "grpo_s8_seed1",  # the study's own s first: it is also a study run
+        "grpo_s4_seed1",
+        "grpo_s16_seed1",
+        "grpo_onpolicy_s0_seed2",  # on-policy does not depend on s
+        "grpo_noclip_s8_seed1",
+        "m2po_s8_seed1",
+        "grpo_s8_seed2",
+        "grpo_noclip_s8_seed2",
+        "m2po_s8_seed2",
+    ]
+    assert defaults["pilot"].arm == "grpo" and defaults["pilot"].staleness == (4, 8, 16)
+    assert len(plan(study_arms, 8, [1, 2])) == 8  # no pilot
+
+
+def test_a_finished_run_of_another_length_is_refused(study, tmp_path):
+    run = tmp_path / "work" / "grpo_s1_seed3"
+    run.mkdir(parents=True)
+    (run / "done.json").write_text(json.dumps({"steps": 5}))
+    args = _tiny_args(tmp_path, "grpo")
+    assert study.main(args) == 2  # before any run starts
+
+
+def test_length_probe_finds_the_shortest_rewarded_prefix(study):
+    from study.length_probe import shortest_rewarded_prefix
+
+    from areal_m2po.reward.math_reward import math_reward_fn
+
+    pieces = ["5", "9", " +", " 8", "1", " =", " 1", "4", "0", ".", " Done"]
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    ids = list(range(len(pieces)))  # "59 + 81 = 140. Done"
+    # " = 14" is not rewarded (last integer 14); " = 140" is: 9 tokens
+    assert shortest_rewarded_prefix(ids, decode, math_reward_fn, "140", "") == 9
+    assert shortest_rewarded_prefix(ids, decode, math_reward_fn, "141", "") is None
+    assert shortest_rewarded_prefix(ids[:8], decode, math_reward_fn, "140", "") is None
+
+
+def test_train_command_and_device_slots(study):
+    from study.runs import RunKey
+    from study.scheduler import RunSpec, device_slots, train_command
+
+    spec = RunSpec(RunKey("m2po", 4, 1), "/x/m2po_s4_seed1", ["actor.m2_threshold=0.04"])
+    cmd = train_command(spec, "accelerate launch --num_processes 4")
+    assert cmd == [
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "4",
+        "-m",
+        "areal_m2po.train",
+        "actor.m2_threshold=0.04",
+    ]
+    assert train_command(spec)[:3] == [sys.executable, "-m", "areal_m2po.train"]
+    assert device_slots(2, 0, None) == [None, None]
+    assert device_slots(2, 2, None) == ["0,1", "2,3"]
+    assert device_slots(2, 1, "4,5,6") == ["4", "5"]
+    with pytest.raises(ValueError, match="need 4 devices"):
+        device_slots(2, 2, "0,1")
+
+
+def test_round3_verdict_rules(study):
+    from study import verdicts_r3 as v
+
+    def d(lo: float, hi: float) -> dict:
+        return {"n": 3, "mean": (lo + hi) / 2, "se": (hi - lo) / 8.6, "lo": lo, "hi": hi}
+
+    assert v.MARGIN_AUC == 0.03
+    # loses: below 0 / a 3-point loss excluded / neither
+    assert v.loses(d(-0.10, -0.01)) == "reproduced"
+    assert v.loses(d(-0.029, 0.05)) == "not reproduced"
+    assert v.loses(d(-0.08, 0.02)) == "inconclusive at this power"
+    # keeps (non-inferiority at 3 points): the mirror image, the boundary itself not enough
+    assert v.keeps(d(-0.029, 0.05)) == "reproduced"
+    assert v.keeps(d(-0.03, 0.05)) == "inconclusive at this power"
+    assert v.keeps(d(-0.10, -0.01)) == "not reproduced"
+    # beats
+    assert v.beats(d(0.001, 0.05)) == "reproduced"
+    assert v.beats(d(-0.05, -0.001)) == "not reproduced"
+    assert v.beats(d(-0.02, 0.02)).startswith("not reproduced (no difference")
+    assert v.beats(d(-0.05, 0.02)) == "inconclusive at this power"
+    # the regime: at most 1% masked
+    assert v.in_paper_regime(0.01) == "yes" and v.in_paper_regime(0.0101) == "no"
+    assert v.describe(d(-0.05, -0.01)) == (
+        "AUC -3.0 points (standard error 0.5, 95% interval -5.0 to -1.0, 3 seeds)"
+    )
+
+
+def _fake_run(root: Path, name: str, acc0: float, acc40: float, masked: float = 0.0) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    records = [
+        {"step": 0, "eval/accuracy": acc0, "eval/n": 256},
+        {
+            "step": 1,
+            "actor/grad_norm": 1.0,
+            "m2po/masked_fraction": masked,
+            "actor/clip_fraction": masked,
+            "m2po/trust_region_fraction": 0.25,
+        },
+        {"step": 40, "eval/accuracy": acc40, "eval/n": 256},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "done.json").write_text("{}")
+
+
+def test_round3_report_from_run_directories(study, tmp_path):
+    from study.round3 import Round3, collect, verdicts, write
+
+    root = tmp_path / "runs"
+    # AUC with evaluations at 0 and 40 only: (acc0 + acc40) / 2
+    for seed, top in ((1, 0.8), (2, 0.9)):
+        _fake_run(root, f"grpo_onpolicy_s0_seed{seed}", 0.2, top)  # AUC 0.50, 0.55
+        _fake_run(root, f"grpo_s4_seed{seed}", 0.2, top - 0.2)  # 0.1 below, both seeds
+        _fake_run(root, f"m2po_s4_seed{seed}", 0.2, top, masked=0.004)  # equal
+    _fake_run(root, "m2po_tr_s4_seed1", 0.2, 0.8)  # one seed only: pending
+    plan = Round3(regime_staleness=4, seeds=(1, 2))
+    rows = collect([str(root)], plan)
+    assert {k: len(v) for k, v in rows.items()} == {
+        ("grpo_onpolicy", 0): 2,
+        ("grpo", 4): 2,
+        ("m2po", 4): 2,
+        ("m2po_tr", 4): 1,
+    }
+    got = {claim: (verdict, numbers) for claim, verdict, numbers in verdicts(rows, plan)}
+    assert got["s=4 is the paper's regime (M2PO masks at most 1% of the tokens)"][0] == "yes"
+    assert got["clipped GRPO loses accuracy at s=4"] == (
+        "reproduced",
+        "AUC -10.0 points (standard error 0.0, 95% interval -10.0 to -10.0, 2 seeds)",
+    )
+    assert got["M2PO (all tokens) keeps on-policy accuracy at s=4"][0] == "reproduced"
+    assert got["M2PO (all tokens) beats clipped GRPO at s=4"][0] == "reproduced"
+    assert got["M2PO (trust-region tokens) keeps on-policy accuracy at s=4"][0] == "pending"
+    md = tmp_path / "r3.md"
+    assert write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd") == 7
+    text = md.read_text()
+    assert "| M2PO, all tokens | 4 | 2 of 2 | 85.0 ± 5.0 |" in text
+    assert "| 0.40 ± 0.00 |" in text and "<!-- reading:start -->" in text
+    # the hand-written reading survives a regeneration
+    md.write_text(text.replace("(not written yet)", "my reading"))
+    write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd")
+    assert "my reading" in md.read_text()

@@ -1,0 +1,22 @@
+"""Toy agents for the agent-workflow training test (``rollout.workflow_kwargs.agent``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+
+
+async def two_turn_agent(base_url: str, api_key: str, record: dict[str, Any]) -> float:
+    """Asks twice in one conversation; the reward is the share of digits in the answers."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": record["question"]}]
+    texts = []
+    for follow_up in ("Are you sure?", None):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        message = reply.choices[0].message
+        texts.append(message.content or "")
+        if follow_up is not None:
+            messages += [message, {"role": "user", "content": follow_up}]
+    joined = "".join(texts)
+    return sum(ch.isdigit() for ch in joined) / max(1, len(joined))

@@ -1,0 +1,154 @@
+"""vLLM servers as the rollout engine, for real: one server started by the engine, its
+log-probs against Hugging Face, a weight update through disk (tied head), the one-line error
+of a killed server and no vLLM process left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+from vllm_helpers import hf_token_logprobs, perturbed_state, write_tiny_vllm_model
+
+from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.remote_engine import RolloutServerError
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LOGP_TOL = 2e-4
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42]]
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_tiny_vllm_model(str(tmp_path_factory.mktemp("tiny_vllm_srv")))
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir, tmp_path_factory):
+    from areal_m2po.rollout.vllm_server_engine import VLLMServerEngine, VLLMServerEngineOptions
+    from areal_m2po.rollout.vllm_servers import VLLMServerOptions
+    from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("srv")
+    eng = VLLMServerEngine(
+        build_tiny_tokenizer(),
+        tiny_dir,
+        VLLMServerEngineOptions(weights_root=str(root / "w"), setup_timeout=900),
+        servers=VLLMServerOptions(model_path=tiny_dir, max_model_len=128, num_threads=1),
+        log_dir=str(root / "logs"),
+    )
+    eng.initialize()
+    yield eng
+    eng.destroy()
+
+
+def _sample(engine, temperature, n=3):
+    async def run():
+        reqs = [
+            ModelRequest(p, SamplingParams(max_new_tokens=8, temperature=temperature))
+            for p in PROMPTS
+            for _ in range(n)
+        ]
+        return await asyncio.gather(*(engine.agenerate(r) for r in reqs))
+
+    return asyncio.run(run())
+
+
+def _max_gap(model, responses, temperature):
+    gap = 0.0
+    for r in responses:
+        ref = hf_token_logprobs(model, r.input_ids, r.output_ids, temperature)
+        gap = max(
+            gap, float((torch.tensor(r.output_logprobs, dtype=torch.float64) - ref).abs().max())
+        )
+    return gap
+
+
+def test_server_logprobs_and_weight_update(engine, hf_model, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    for temperature in (1.0, 0.7):
+        responses = _sample(engine, temperature)
+        for r in responses:
+            assert r.output_versions == [0] * len(r.output_ids) and r.output_ids
+        gap = _max_gap(hf_model, responses, temperature)
+        print(f"server, temperature {temperature}: max |vLLM - HF| = {gap:.2e}")
+        assert gap < LOGP_TOL
+
+    new_state = perturbed_state(hf_model, scale=0.05, seed=21)  # no lm_head.weight (tied)
+    new_model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    new_model.load_state_dict(new_state, strict=False)
+    assert _max_gap(new_model, _sample(engine, 1.0), 1.0) > 50 * LOGP_TOL
+    engine.update_weights_from_tensors(new_state, version=3)
+    assert engine.get_version() == 3
+    after = _sample(engine, 1.0)
+    for r in after:
+        assert r.output_versions == [3] * len(r.output_ids)
+    gap = _max_gap(new_model, after, 1.0)
+    print(f"server after the update: max |vLLM - HF(new)| = {gap:.2e}")
+    assert gap < LOGP_TOL
+    # only the newest weight folder is kept
+    assert os.listdir(engine.options.weights_root) == ["v3"]
+
+
+def test_pause_holds_requests_until_resume(engine):
+    engine.pause()
+
+    async def run():
+        task = asyncio.ensure_future(
+            engine.agenerate(ModelRequest(PROMPTS[0], SamplingParams(max_new_tokens=4)))
+        )
+        await asyncio.sleep(1.0)
+        assert not task.done()  # held while paused
+        await asyncio.to_thread(engine.resume)
+        return await asyncio.wait_for(task, 60)
+
+    response = asyncio.run(run())
+    assert len(response.output_ids) >= 1
+
+
+def test_killed_server_one_line_error_and_no_process_left(engine):
+    proc = engine.processes.procs[0]
+    addr = engine.addrs[0]
+    assert len(_group_pids(proc.pid)) >= 2  # API server and engine core
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    with pytest.raises(RolloutServerError) as info:
+        _sample(engine, 1.0, n=1)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"rollout server {addr}: vLLM server exited with status -9")
+    with pytest.raises(RolloutServerError, match=f"rollout server {addr}"):
+        engine.check_health()
+    engine.destroy()
+    deadline = time.monotonic() + 30
+    while _group_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group_pids(proc.pid) == []
