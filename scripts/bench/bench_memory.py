@@ -68,6 +68,17 @@ def _tensor_bytes(tensors: Any) -> int:
     return sum(seen.values())
 
 
+def _rollout_model(trainer: Any) -> torch.nn.Module:
+    """The rollout engine's copy of the policy (HF engine: executor -> engine -> RolloutEngine)."""
+    for path in (("rollout", "engine", "rollout", "model"), ("rollout", "model")):
+        obj = trainer
+        for name in path:
+            obj = getattr(obj, name, None)
+        if isinstance(obj, torch.nn.Module):
+            return obj
+    raise SystemExit("bench_memory: no in-process rollout model (rollout.backend must be hf)")
+
+
 def state_bytes(trainer: Any) -> dict[str, int]:
     """Bytes of the persistent state (see the module docstring), by part."""
     actor = trainer.actor_engine
@@ -78,7 +89,7 @@ def state_bytes(trainer: Any) -> dict[str, int]:
         "optimizer": _tensor_bytes(
             v for st in actor.optimizer.state.values() for v in st.values() if v.dim() > 0
         ),
-        "rollout_copy": _tensor_bytes(trainer.rollout.model.state_dict().values()),
+        "rollout_copy": _tensor_bytes(_rollout_model(trainer).state_dict().values()),
     }
     if trainer.ref_engine is not None:
         out["reference"] = _tensor_bytes(trainer.ref_engine.unwrapped.state_dict().values())
