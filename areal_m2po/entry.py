@@ -1,6 +1,6 @@
 """The command line shared by ``python -m areal_m2po.train``, ``train_rm`` and ``train_sft``:
 ``--help``, ``--print-config``, the config (defaults, ``--config FILE.yaml``, ``KEY=VALUE``) and
-the exit status.
+the exit status (:func:`exit_status`, for the ``__main__`` blocks).
 
 A bad config exits with status 2 and one line ``error: <key>: <message>`` on stderr before
 torch, transformers or any model or data loads: ``run_training`` (which imports the heavy parts)
@@ -66,3 +66,16 @@ def config_main(
         print_error(exc)
         return EXIT_BAD_CONFIG
     return 0 if status is None else int(status)
+
+
+def exit_status(status: int) -> int:
+    """``status``, for ``sys.exit`` at the end of a ``__main__`` block; a multi-process CPU run
+    whose gloo worker threads outlive its process group ends here instead, without finalising
+    the interpreter (:func:`areal_m2po.utils.dist.exit_status_after_run`: finalising can abort
+    it with SIGABRT after its work is done). Never call it from library code or a test process:
+    it may end the process."""
+    if "torch.distributed" not in sys.modules:  # --help, --print-config, a bad config
+        return status
+    from areal_m2po.utils.dist import exit_status_after_run
+
+    return exit_status_after_run(status)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from areal_m2po.api.cli_args import RWConfig
-from areal_m2po.entry import EXIT_BAD_CONFIG, config_main
+from areal_m2po.entry import EXIT_BAD_CONFIG, config_main, exit_status
 
 __all__ = ["EXIT_BAD_CONFIG", "main"]
 
@@ -49,4 +49,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main()))

@@ -192,9 +192,12 @@ class MicroBatchSpec:
 
     n_mbs: int = _field(1, "Minimum number of micro-batches per (mini)batch on each rank.")
     max_tokens_per_mb: int | None = _field(
-        None,
+        256,
         "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
-        "when a batch exceeds it. null = no budget.",
+        "when a batch exceeds it. It bounds the activations a training forward keeps for its "
+        "backward (SmolLM2-135M fp32: about 1.6 MB per token, see docs/performance.md); the "
+        "gradient does not depend on the split, except through M2PO's statistic with "
+        "actor.m2_scope=microbatch. null = no budget (one micro-batch per n_mbs).",
     )
     packing: bool = _field(
         True,

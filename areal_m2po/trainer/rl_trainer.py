@@ -511,8 +511,8 @@ class RLTrainer:
         finally:
             self.stats_logger.close()
             self.reward_runner.close()
-            # destroy the process group while the interpreter is whole (gloo work can abort its exit)
-            self.accelerator.end_training()
+            self.accelerator.free_memory()
+            dist.end_process_group()
 
 
 def run(config: PPOConfig) -> int:

@@ -268,9 +268,10 @@ class RWTrainer:
             self.save_hf("final")
 
     def close(self) -> None:
+        """The loggers, then the process group (:func:`dist.end_process_group`); idempotent."""
         self.stats_logger.close()
-        # destroy the process group while the interpreter is whole (gloo work can abort its exit)
-        self.accelerator.end_training()
+        self.accelerator.free_memory()
+        dist.end_process_group()
 
 
 def run(config: RWConfig) -> int:

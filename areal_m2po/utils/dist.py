@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
+import logging
 import os
 import sys
 from typing import Any, NoReturn
@@ -93,6 +96,69 @@ def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     out: list[Any] | None = [None] * world_size() if rank() == dst else None
     dist.gather_object(obj, out, dst=dst)
     return out
+
+
+GLOO_WORKER_THREAD = "pt_gloo_runloop"
+"""The name (``/proc/<pid>/task/*/comm``) torch gives the worker threads of a gloo process group."""
+
+
+def gloo_worker_threads() -> int:
+    """How many gloo worker threads this process runs now (Linux; 0 where ``/proc`` is absent).
+
+    They belong to a C++ ``ProcessGroupGloo`` and end only when that object is destroyed, which
+    :func:`end_process_group` does not guarantee: anything still holding the process group (a
+    DDP reducer, a device mesh) keeps them alive until the interpreter finalises.
+    """
+    tasks = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(tasks):
+        return 0
+    n = 0
+    for tid in os.listdir(tasks):
+        try:
+            with open(os.path.join(tasks, tid, "comm"), encoding="utf-8") as f:
+                n += f.read().strip() == GLOO_WORKER_THREAD
+        except OSError:  # the thread ended meanwhile
+            continue
+    return n
+
+
+def end_process_group() -> bool:
+    """Leave the default process group in order: a barrier (every rank has finished every
+    collective), a garbage collection (reference cycles holding collective handles or tensors
+    given to a collective are freed now, on this thread), then ``destroy_process_group``.
+
+    Returns True when a process group was destroyed, False when none was initialised.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+    return True
+
+
+def exit_status_after_run(status: int) -> int:
+    """The exit status of an entry point, ending the process here if gloo threads outlive it.
+
+    A multi-process CPU run's gloo worker threads can outlive ``destroy_process_group`` (see
+    :func:`gloo_worker_threads`). If the interpreter then finalises, a worker thread that drops
+    the last reference to a tensor with a Python object must take the GIL; a finalising Python
+    ends such a thread with ``pthread_exit``, whose unwinding through a ``noexcept`` C++ frame
+    calls ``std::terminate`` ("terminate called without an active exception"): SIGABRT after
+    the run's work is done, at random. So when such threads are alive and the process group is
+    gone (the run closed it), the ``atexit`` handlers run (they flush the logs, stop launched
+    servers) and the process ends with ``status`` without finalising the interpreter
+    (:func:`exit_skipping_finalization`); otherwise ``status`` is returned for a normal exit.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return status  # still in use: the caller's to close
+    if gloo_worker_threads() == 0:
+        return status
+    atexit._run_exitfuncs()  # what a normal exit runs before finalising (logging.shutdown, ...)
+    logging.shutdown()
+    exit_skipping_finalization(status)
 
 
 def exit_skipping_finalization(status: int = 0) -> NoReturn:

@@ -113,7 +113,11 @@ def test_microbatch_split_does_not_change_the_gradient(tiny):
     sgd = OptimizerConfig(type="sgd", lr=1.0, beta1=0.0, gradient_clipping=0.0)
     deltas = {}
     for n_mbs in (1, 4):
-        cfg = ActorConfig(path="builtin:tiny", optimizer=sgd, mb_spec=MicroBatchSpec(n_mbs=n_mbs))
+        cfg = ActorConfig(
+            path="builtin:tiny",
+            optimizer=sgd,
+            mb_spec=MicroBatchSpec(n_mbs=n_mbs, max_tokens_per_mb=None),
+        )
         engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=1)
         before = copy.deepcopy(engine.unwrapped.state_dict())
         stats, _ = engine.train_batch(batch, loss_fn, weight_fn)
