@@ -29,6 +29,7 @@ from areal_m2po.engine.forward import (
     zero_through_model,
 )
 from areal_m2po.engine.optim import build_optimizer
+from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, split_microbatches
 
@@ -90,41 +91,6 @@ def _as_f64(x: torch.Tensor | float) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().reshape(()).to(torch.float64)
     return torch.tensor(float(x), dtype=torch.float64)
-
-
-def _extremum(key: str) -> str | None:
-    """``"max"`` / ``"min"`` for a loss stat that is an extremum over tokens, else None."""
-    for kind in ("max", "min"):
-        if key.endswith(f"_{kind}"):
-            return kind
-    return None
-
-
-def _accumulate_stat(
-    key: str, acc: torch.Tensor | float | None, value: torch.Tensor, weight: float
-) -> torch.Tensor | float:
-    """One micro-batch's ``value`` of stat ``key`` added to ``acc`` (None: the first): weighted
-    sum for a mean stat; for an extremum stat, the extremum over micro-batches with a positive
-    weight (a micro-batch without tokens reports a placeholder 0), ``-inf``/``+inf`` until one."""
-    kind = _extremum(key)
-    if kind is None:
-        return (0.0 if acc is None else acc) + value * weight
-    if acc is None:
-        acc = torch.full_like(value, -math.inf if kind == "max" else math.inf)
-    if weight <= 0:
-        return acc
-    return torch.maximum(acc, value) if kind == "max" else torch.minimum(acc, value)
-
-
-def _global_extrema(keys: list[str], local: list[float]) -> dict[str, float]:
-    """Extremum stats over all ranks (one all-reduce); 0 when no rank had a token."""
-    signs = [1.0 if _extremum(k) == "max" else -1.0 for k in keys]
-    if not keys:
-        return {}
-    both = dist.all_reduce_max(
-        torch.tensor([s * v for s, v in zip(signs, local)], dtype=torch.float64)
-    ).tolist()
-    return {k: s * v if math.isfinite(v) else 0.0 for k, s, v in zip(keys, signs, both)}
 
 
 class HFTrainEngine:
@@ -434,7 +400,7 @@ class HFTrainEngine:
                 self.accelerator.backward(loss * scale)
             loss_total = loss_total + _as_f64(loss) * weights[i]
             for k, v in stats.items():
-                stat_sums[k] = _accumulate_stat(k, stat_sums.get(k), _as_f64(v), weights[i])
+                stat_sums[k] = accumulate_stat(k, stat_sums.get(k), _as_f64(v), weights[i])
         for j in range(n_idle):  # sharded: backwards in step with ranks holding more
             with self._grad_sync(j == n_idle - 1):
                 self.accelerator.backward(fsdp.idle_forward(self.model, self.device))
@@ -453,8 +419,8 @@ class HFTrainEngine:
         grad norm or any rank's loss is non-finite; each loss stat is its weighted sum over all
         ranks divided by the total weight (``stat_weight`` summed over ranks; 1 when zero).
         """
-        keys = sorted(k for k in stat_sums if _extremum(k) is None)
-        ext_keys = sorted(k for k in stat_sums if _extremum(k) is not None)
+        keys = sorted(k for k in stat_sums if extremum(k) is None)
+        ext_keys = sorted(k for k in stat_sums if extremum(k) is not None)
         values = [grad_norm, loss_total] + [stat_sums[k] for k in keys + ext_keys]
         host = torch.stack([_as_f64(v).to(self.device) for v in values]).tolist()
         grad_norm_f, loss_total_f = host[0], host[1]
@@ -468,7 +434,7 @@ class HFTrainEngine:
         skipped = not math.isfinite(grad_norm_f) or sums[-1] > 0
         denom = sums[-2] if sums[-2] > 0 else 1.0
         loss_stats = {k: v / denom for k, v in zip(keys, sums)}
-        loss_stats.update(_global_extrema(ext_keys, host[2 + len(keys) :]))
+        loss_stats.update(global_extrema(ext_keys, host[2 + len(keys) :]))
         return grad_norm_f, skipped, loss_stats
 
     def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool) -> None:

@@ -1,0 +1,52 @@
+"""How one optimizer step's loss stats combine over micro-batches and ranks.
+
+A loss function reports per-micro-batch stats (0-dim tensors). Mean stats are summed with the
+micro-batch's loss weight and divided by the step's total weight; stats named ``*_max`` /
+``*_min`` are extrema over tokens, so they combine as extrema over the micro-batches (with a
+positive weight) and over ranks, never as weighted means.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from areal_m2po.utils import dist
+
+__all__ = ["accumulate_stat", "extremum", "global_extrema"]
+
+
+def extremum(key: str) -> str | None:
+    """``"max"`` / ``"min"`` for a loss stat that is an extremum over tokens, else None."""
+    for kind in ("max", "min"):
+        if key.endswith(f"_{kind}"):
+            return kind
+    return None
+
+
+def accumulate_stat(
+    key: str, acc: torch.Tensor | float | None, value: torch.Tensor, weight: float
+) -> torch.Tensor | float:
+    """One micro-batch's ``value`` of stat ``key`` added to ``acc`` (None: the first): weighted
+    sum for a mean stat; for an extremum stat, the extremum over micro-batches with a positive
+    weight (a micro-batch without tokens reports a placeholder 0), ``-inf``/``+inf`` until one."""
+    kind = extremum(key)
+    if kind is None:
+        return (0.0 if acc is None else acc) + value * weight
+    if acc is None:
+        acc = torch.full_like(value, -math.inf if kind == "max" else math.inf)
+    if weight <= 0:
+        return acc
+    return torch.maximum(acc, value) if kind == "max" else torch.minimum(acc, value)
+
+
+def global_extrema(keys: list[str], local: list[float]) -> dict[str, float]:
+    """Extremum stats over all ranks (one all-reduce); 0 when no rank had a token."""
+    signs = [1.0 if extremum(k) == "max" else -1.0 for k in keys]
+    if not keys:
+        return {}
+    both = dist.all_reduce_max(
+        torch.tensor([s * v for s, v in zip(signs, local)], dtype=torch.float64)
+    ).tolist()
+    return {k: s * v if math.isfinite(v) else 0.0 for k, s, v in zip(keys, signs, both)}
