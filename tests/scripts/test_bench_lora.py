@@ -40,5 +40,8 @@ def test_bench_lora_tiny(capsys):
     for key in ("lora_state_bytes_ratio", "lora_peak_mem_ratio", "lora_step_time_ratio"):
         assert key in printed and math.isfinite(float(printed[key])) and out[key] > 0
     # AdamW: parameters, gradients and two moments, 4 float32 copies of what trains, both ways
-    assert out["lora_state_bytes_ratio"] == pytest.approx(out["lora_trainable_fraction"])
+    # parameters + gradients + AdamW moments scale with the trainable count; AdamW's per-tensor
+    # `step` scalars (one per parameter tensor, many small ones with LoRA) add a little on top
+    assert out["lora_state_bytes_ratio"] >= out["lora_trainable_fraction"]
+    assert out["lora_state_bytes_ratio"] == pytest.approx(out["lora_trainable_fraction"], rel=0.01)
     assert out["lora_state_bytes_ratio"] < 0.5
