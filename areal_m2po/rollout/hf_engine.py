@@ -14,7 +14,6 @@ samples each), and with the same torch seed gives the same tokens.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -27,11 +26,10 @@ from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.engine.rollout import RolloutEngine
 from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.rollout.batching import Job, RequestBatcher
 from areal_m2po.utils.data import Batch
 
 __all__ = ["HFInferenceEngine", "plan_calls"]
-
-_Job = tuple[ModelRequest, "asyncio.Future[ModelResponse]", float]
 
 
 def plan_calls(contexts: list[list[int]]) -> tuple[list[list[int]], int]:
@@ -74,11 +72,10 @@ class HFInferenceEngine(InferenceEngine):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.rollout = RolloutEngine(model, tokenizer, device)
-        self._pending: list[_Job] = []
-        self._flush_scheduled = False
         self._model_lock = threading.Lock()
         self._running = threading.Event()
         self._running.set()
+        self._batcher = RequestBatcher(self._generate_jobs, self._running)
 
     # -- properties the workflows and executors read -----------------------------------------
 
@@ -93,37 +90,9 @@ class HFInferenceEngine(InferenceEngine):
     # -- InferenceEngine ----------------------------------------------------------------------
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ModelResponse] = loop.create_future()
-        self._pending.append((request, future, time.perf_counter()))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.create_task(self._flush_when_idle())
-        return await future
+        return await self._batcher.submit(request)
 
-    async def _flush_when_idle(self) -> None:
-        seen = -1
-        while seen != len(self._pending):  # one loop turn without a new request
-            seen = len(self._pending)
-            await asyncio.sleep(0)
-        jobs, self._pending = self._pending, []
-        self._flush_scheduled = False
-        while not self._running.is_set():  # paused: wait for resume()
-            await asyncio.sleep(0.01)
-        try:
-            answers = await asyncio.to_thread(self._generate_jobs, jobs)
-        except BaseException as exc:
-            for _, future, _ in jobs:
-                if not future.done():
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, future, _), answer in zip(jobs, answers):
-            if not future.done():
-                future.set_result(answer)
-
-    def _generate_jobs(self, jobs: list[_Job]) -> list[ModelResponse]:
+    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse]:
         """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling."""
         by_params: dict[SamplingParams, list[int]] = {}
         for i, (req, _, _) in enumerate(jobs):

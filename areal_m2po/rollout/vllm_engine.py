@@ -21,7 +21,6 @@ it). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import threading
@@ -35,12 +34,11 @@ import torch
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
 from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.rollout.batching import Job, RequestBatcher
 from areal_m2po.rollout.vllm_setup import check_vllm_model, cuda_available, import_vllm, vllm_env
 from areal_m2po.rollout.vllm_weights import NameCheck, checkpoint_names, with_tied_head
 
 __all__ = ["VLLMEngineOptions", "VLLMInferenceEngine", "eos_ids_of", "to_vllm_sampling"]
-
-_Job = tuple[ModelRequest, "asyncio.Future[ModelResponse]", float]
 
 
 @dataclass(frozen=True)
@@ -143,11 +141,10 @@ class VLLMInferenceEngine(InferenceEngine):
         self._tied = False
         self._names: set[str] = set()
         self._asleep = False
-        self._pending: list[_Job] = []
-        self._flush_scheduled = False
         self._lock = threading.Lock()
         self._running = threading.Event()
         self._running.set()
+        self._batcher = RequestBatcher(self._generate_jobs, self._running)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -203,37 +200,9 @@ class VLLMInferenceEngine(InferenceEngine):
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
         if self.llm is None:
             raise RuntimeError("vLLM engine: initialize() first")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ModelResponse] = loop.create_future()
-        self._pending.append((request, future, time.perf_counter()))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.create_task(self._flush_when_idle())
-        return await future
+        return await self._batcher.submit(request)
 
-    async def _flush_when_idle(self) -> None:
-        seen = -1
-        while seen != len(self._pending):  # one loop turn without a new request
-            seen = len(self._pending)
-            await asyncio.sleep(0)
-        jobs, self._pending = self._pending, []
-        self._flush_scheduled = False
-        while not self._running.is_set():  # paused: wait for resume()
-            await asyncio.sleep(0.01)
-        try:
-            answers = await asyncio.to_thread(self._generate_jobs, jobs)
-        except BaseException as exc:
-            for _, future, _ in jobs:
-                if not future.done():
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, future, _), answer in zip(jobs, answers):
-            if not future.done():
-                future.set_result(answer)
-
-    def _generate_jobs(self, jobs: list[_Job]) -> list[ModelResponse]:
+    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse]:
         """One ``LLM.generate`` call over ``jobs``; responses in order."""
         vllm = self._vllm
         params = [to_vllm_sampling(vllm, req.sampling, self.eos_ids) for req, _, _ in jobs]
