@@ -182,3 +182,7 @@ class RolloutWorkflow(abc.ABC):
         the batch and all ranks). Returns metrics logged as they are. Default: nothing.
         """
         return {}
+
+    def close(self) -> None:  # noqa: B027 - optional, most workflows hold nothing
+        """Release what the workflow holds (a server, threads, files); the executor calls it
+        once from its own ``close``, before the engine is destroyed. Default: nothing."""

@@ -88,7 +88,11 @@ class RolloutExecutor(abc.ABC):
         """Run ``coro`` on the loop the engine is served from; its result."""
 
     def close(self) -> None:
-        self.engine.destroy()
+        """Close the workflow (its endpoint, threads), then destroy the engine."""
+        try:
+            self.workflow.close()
+        finally:
+            self.engine.destroy()
 
     # -- checkpoints --------------------------------------------------------------------------
 

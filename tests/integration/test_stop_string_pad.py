@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import torch
+from agentic_helpers import tiny_model_and_tokenizer
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
 from areal_m2po.engine.rollout import RolloutEngine
 from areal_m2po.rollout.hf_engine import HFInferenceEngine
-from tests.support.agentic_helpers import tiny_model_and_tokenizer
 
 STOP = ["4", "7", "K", "q"]  # characters of no special token's text
 
