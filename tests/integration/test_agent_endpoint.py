@@ -458,3 +458,18 @@ async def one_call_agent(base_url: str, api_key: str, record: dict[str, Any]) ->
     messages = [{"role": "user", "content": record["question"]}]
     await client.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
     return 1.0
+
+
+def test_agent_evaluation_runs_the_agent_with_greedy_calls() -> None:
+    model, tokenizer = tiny_model_and_tokenizer()
+    engine = VersionedTinyEngine(model, tokenizer)
+    workflow = AgentWorkflow(_context(tokenizer, n_samples=3), agent=two_call_agent)
+    record: dict[str, Any] = {"question": "What is 37 * 45?", "answer": "1665", "replies": []}
+    try:
+        result = asyncio.run(workflow.aevaluate(engine, record))
+    finally:
+        workflow.close()
+    assert result == {"correct": 0.0, "reward_mean": 0.5, "calls_mean": 2.0}
+    assert len(engine.calls) == 2  # one episode, not n_samples
+    assert all(request.sampling.greedy for request, _ in engine.calls)
+    assert all(lp == 0.0 for _, out in engine.calls for lp in out.output_logprobs)
