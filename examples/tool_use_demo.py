@@ -210,7 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=2, help="SFT steps (0: RL from scratch)")
     p.add_argument("--sft-batch", type=int, default=8, help="demonstrations per SFT step")
     p.add_argument("--sft-lr", type=float, default=2e-5)
-    p.add_argument("--rl-steps", type=int, default=30)
+    p.add_argument("--rl-steps", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=5, help="held-out eval every N RL steps")
     p.add_argument("--eval-problems", type=int, default=256, help="held-out problems")
     p.add_argument("--eval-batch", type=int, default=64, help="held-out episodes at once")
