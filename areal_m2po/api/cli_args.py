@@ -491,8 +491,8 @@ class ActorConfig(TrainEngineConfig):
         None,
         "Custom actor loss 'package.module:function' (the ActorLossFn contract in "
         "areal_m2po/trainer/ppo/loss_fn.py: it gets the log-probs, entropy and the prepared "
-        "micro-batch with prox_logp and the M2PO mask, returns the loss and stats); null = the "
-        "library's clipped PPO / SAPO loss.",
+        "micro-batch with behave_logp, prox_logp and the M2PO mask, returns the loss and stats); "
+        "null = the library's clipped PPO / SAPO loss.",
     )
     sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
     sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")

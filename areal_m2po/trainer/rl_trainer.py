@@ -44,7 +44,7 @@ from areal_m2po.trainer.run_setup import (
 )
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
-from areal_m2po.utils.data import Batch
+from areal_m2po.utils.data import Batch, with_current_keys
 from areal_m2po.utils.host_memory import release_free_host_memory
 from areal_m2po.utils.imports import load_object
 from areal_m2po.utils.phases import Phases, StepCallback
@@ -262,9 +262,7 @@ class RLTrainer:
             self.actor.prepare_proximal(batch)
         with phase("ref", stats):
             if self.ref_engine is not None:
-                batch["ref_logp"], _ = self.ref_engine.compute_logprobs(
-                    batch, cfg.actor.temperature
-                )
+                batch["ref_logp"], _ = self.ref_engine.forward_tokens(batch, cfg.actor.temperature)
             if self.critic is not None:
                 batch["values"] = self.critic.compute_values(batch)
         with phase("advantages", stats):
@@ -367,7 +365,8 @@ class RLTrainer:
             return lambda state: engine.load_training_state(state, _shards(shard_dir, part))
 
         def load_rank(state: Mapping[str, Any]) -> None:
-            queue = [(batch, info) for batch, info in state["queue"]]
+            # a checkpoint written before the batch-key rename holds the old key names
+            queue = [(with_current_keys(batch), info) for batch, info in state["queue"]]
             if len(queue) != self.config.rollout.staleness:
                 raise ValueError(
                     f"holds {len(queue)} queued rollout batches, rollout.staleness is "

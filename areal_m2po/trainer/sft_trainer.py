@@ -45,7 +45,7 @@ from areal_m2po.utils.sft_loss import sft_nll_loss
 
 logger = logging.getLogger("areal_m2po.sft_trainer")
 
-__all__ = ["SFT_MUST_MATCH", "SFTTrainer", "run", "sft_loss_fn", "sft_loss_weight"]
+__all__ = ["SFT_MUST_MATCH", "SFTTrainer", "run", "sft_loss_weight", "sft_microbatch_loss"]
 
 SFT_MUST_MATCH = (
     "seed",
@@ -57,12 +57,13 @@ SFT_MUST_MATCH = (
 """Config items a resumed SFT run must share with the run that wrote the checkpoint."""
 
 
-def sft_loss_fn(
-    logprobs: torch.Tensor, entropy: torch.Tensor, mb: Batch
+def sft_microbatch_loss(
+    logp: torch.Tensor, entropy: torch.Tensor, mb: Batch
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The engine's ``LossFn`` for SFT: :func:`sft_nll_loss` on the micro-batch's loss mask."""
+    """The engine's ``MicrobatchLoss`` for SFT: :func:`sft_nll_loss` on the micro-batch's
+    loss mask."""
     del entropy
-    return sft_nll_loss(logprobs, mb["loss_mask"])
+    return sft_nll_loss(logp, mb["loss_mask"])
 
 
 def sft_loss_weight(mb: Batch) -> float:
@@ -163,7 +164,9 @@ class SFTTrainer:
     def train_step(self, examples: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step on this rank's ``examples`` (the global batch's token mean)."""
         batch = self._collate(examples)
-        train_stats, loss_stats = self.engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+        train_stats, loss_stats = self.engine.train_batch(
+            batch, sft_microbatch_loss, sft_loss_weight
+        )
         self.engine.version += 1
         n_tokens = float(dist.all_reduce_sum(batch["loss_mask"].sum().double().reshape(1))[0])
         nll = loss_stats.get("nll", math.nan)
@@ -190,7 +193,7 @@ class SFTTrainer:
         sums = torch.zeros(2, dtype=torch.float64)
         for i in range(n_chunks):
             batch = self._collate(mine[i * bs : (i + 1) * bs])
-            logp, _ = self.engine.compute_logprobs(batch, 1.0)
+            logp, _ = self.engine.forward_tokens(batch, 1.0)
             mask = batch["loss_mask"]
             sums += torch.stack([-(logp.double() * mask).sum(), mask.sum().double()])
         total = dist.all_reduce_sum(sums)

@@ -73,10 +73,10 @@ def _engine(lora: LoRAConfig | None, lr=1e-2, packing=True):
 
 
 def _train(engine, batch, steps=3):
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn, sft_loss_weight
+    from areal_m2po.trainer.sft_trainer import sft_loss_weight, sft_microbatch_loss
 
     for _ in range(steps):
-        engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+        engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)
 
 
 def test_config_checks():
@@ -157,7 +157,7 @@ def test_merged_weights_give_the_adapter_models_logprobs(tok):
         merged, _ = forward_logprobs(plain.eval(), batch, 1.0, False)
     mask = batch["loss_mask"]
     assert float((adapted[mask] - merged[mask]).abs().max()) < 1e-5
-    base, _ = engine.compute_base_logprobs(batch, 1.0)
+    base, _ = engine.forward_tokens_base(batch, 1.0)
     assert float((base[mask] - adapted[mask]).abs().max()) > 1e-3  # the adapter matters
 
 
@@ -166,11 +166,11 @@ def test_adapter_disabled_equals_the_base_model(tok):
     batch = _batch(tok)
     _train(engine, batch)
     reference = _engine(None)  # the same seed: the same tiny base weights from disk
-    got, _ = engine.compute_base_logprobs(batch, 0.7)
-    want, _ = reference.compute_logprobs(batch, 0.7)
+    got, _ = engine.forward_tokens_base(batch, 0.7)
+    want, _ = reference.forward_tokens(batch, 0.7)
     mask = batch["loss_mask"]
     torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-6)
-    after, _ = engine.compute_logprobs(batch, 0.7)  # the adapter is back on afterwards
+    after, _ = engine.forward_tokens(batch, 0.7)  # the adapter is back on afterwards
     assert float((after[mask] - want[mask]).abs().max()) > 1e-3
 
 

@@ -137,6 +137,38 @@ def test_resume_at_epoch_boundary(tmp_path, monkeypatch):
     assert [untimed(r) for r in got] == [untimed(r) for r in expected]
 
 
+def test_checkpoint_with_the_old_behaviour_key_resumes_exactly(tmp_path, monkeypatch):
+    """A checkpoint written before the batch key ``logprobs`` became ``behave_logp`` (its
+    queued batches hold the old name) resumes into the same steps as a straight run."""
+    straight = make_cfg(tmp_path, "straight", steps=3, staleness=2)
+    assert run_cfg(straight) == 0
+    cfg = make_cfg(tmp_path, "old_format", steps=3, staleness=2)
+    with monkeypatch.context() as mp:
+        crash_after_checkpoint(mp, 1)
+        with pytest.raises(Crash):
+            run_cfg(cfg)
+    ranks_file = os.path.join(recover.recover_root(cfg.output_dir), "step_1", "ranks.pt")
+    ranks = torch.load(ranks_file, weights_only=True)
+    for batch, _ in ranks[0]["queue"]:
+        batch["logprobs"] = batch.pop("behave_logp")  # the old layout
+    torch.save(ranks, ranks_file)
+    assert run_cfg(cfg) == 0
+    got, expected = read_metrics(cfg.output_dir), read_metrics(straight.output_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert [untimed(r) for r in got] == [untimed(r) for r in expected]
+
+
+def test_old_and_new_behaviour_keys_together_are_refused():
+    from areal_m2po.utils.data import with_current_keys
+
+    new = {"behave_logp": torch.zeros(1, 2)}
+    assert with_current_keys(new) is new
+    renamed = with_current_keys({"input_ids": torch.ones(1, 2), "logprobs": torch.ones(1, 2)})
+    assert list(renamed) == ["input_ids", "behave_logp"]
+    with pytest.raises(KeyError, match="'logprobs' and 'behave_logp'"):
+        with_current_keys({"logprobs": torch.zeros(1), "behave_logp": torch.zeros(1)})
+
+
 def test_crash_mid_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path, steps=3, staleness=1)
     root = recover.recover_root(cfg.output_dir)

@@ -146,7 +146,7 @@ def test_engine_step_equals_the_hand_token_mean(tok, packing, n_mbs):
 
     from areal_m2po.dataset.sft import collate_sft
     from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn, sft_loss_weight
+    from areal_m2po.trainer.sft_trainer import sft_loss_weight, sft_microbatch_loss
 
     torch.manual_seed(0)
     cfg = TrainEngineConfig(
@@ -160,7 +160,7 @@ def test_engine_step_equals_the_hand_token_mean(tok, packing, n_mbs):
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     ref = _independent_nll(model, batch)
     grads = torch.autograd.grad(ref, list(model.parameters()))
-    _, loss_stats = engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+    _, loss_stats = engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)
     assert loss_stats["nll"] == pytest.approx(float(ref.detach()), rel=1e-5)
     for (name, p), g in zip(model.named_parameters(), grads):
         torch.testing.assert_close(before[name] - p.detach(), g, rtol=1e-4, atol=1e-6, msg=name)
@@ -174,7 +174,7 @@ def test_prompt_tokens_get_no_gradient(tok):
 
     from areal_m2po.dataset.sft import collate_sft, tokenize_sft_records
     from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn
+    from areal_m2po.trainer.sft_trainer import sft_microbatch_loss
 
     messages = [
         {"role": "user", "content": "1+1?"},
@@ -194,7 +194,7 @@ def test_prompt_tokens_get_no_gradient(tok):
 
     handle = engine.unwrapped.lm_head.register_forward_hook(keep)
     logp, ent = engine.forward_fn(engine.model, batch, 1.0, False)
-    loss, _ = sft_loss_fn(logp, ent, batch)
+    loss, _ = sft_microbatch_loss(logp, ent, batch)
     loss.backward()
     handle.remove()
     logits = captured["logits"]  # [1, kept, vocab]: positions start-1 .. T-1

@@ -66,8 +66,8 @@ class ActorLossFn(Protocol):
         batch: the prepared micro-batch; every tensor ``[b, T]`` unless stated:
 
             * ``loss_mask`` (bool): the generated tokens that count;
-            * ``logprobs`` (float32): behaviour log-probs (``behave_logp``), recorded when the
-              tokens were sampled;
+            * ``behave_logp`` (float32): behaviour log-probs, recorded by the rollout engine
+              when the tokens were sampled (0 outside ``loss_mask``);
             * ``prox_logp`` (float32, detached): proximal log-probs, the policy at the start of
               this step (or the loglinear interpolation), the ratio's denominator;
             * ``advantages`` (float32): per-token advantages, 0 outside ``loss_mask``;
@@ -122,7 +122,7 @@ def library_actor_loss(
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
     # log-probs makes the weight 1
     weighted = c.use_decoupled_loss and c.use_behave_imp_weight
-    behave = batch["logprobs"] if weighted else prox
+    behave = batch["behave_logp"] if weighted else prox
     return ppo_actor_loss(
         logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
     )
