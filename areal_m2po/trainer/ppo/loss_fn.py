@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.algo.sapo_loss import sapo_loss
 from areal_m2po.api.cli_args import ActorConfig
 from areal_m2po.utils.imports import load_object
@@ -129,14 +130,17 @@ def library_actor_loss(
 
 
 def ppo_loss_spec(config: ActorConfig, max_new_tokens: int | None) -> PPOLossSpec:
-    """The clipped-PPO loss options of an actor section; rejection sampling only applies with
-    the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
+    """The clipped-PPO loss options of an actor section, unpacked into plain values (the maths
+    takes no config object); rejection sampling only applies with the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
     """
+    rs = config.rejection_sampling if config.use_decoupled_loss else None
     return PPOLossSpec(
         eps_clip=config.eps_clip,
         eps_clip_higher=config.eps_clip_higher,
         c_clip=config.c_clip,
-        rejection_sampling=config.rejection_sampling if config.use_decoupled_loss else None,
+        rejection_sampling=None
+        if rs is None
+        else RejectionSampling(rs.level, rs.action, rs.metric, rs.agg, rs.upper, rs.lower),
         importance_sampling_level=config.importance_sampling_level,
         loss_agg_mode=config.loss_agg_mode,
         max_tokens_norm=max_new_tokens,
