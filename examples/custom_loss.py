@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.callbacks import StepCallback
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.trainer.ppo.loss_fn import LossContext
-from areal_m2po.utils.phases import StepCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRUNCATION = 2.0

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
@@ -47,7 +48,6 @@ from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch, with_current_keys
 from areal_m2po.utils.host_memory import release_free_host_memory
 from areal_m2po.utils.imports import load_object
-from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -64,7 +64,7 @@ class RLTrainer:
         actor_loss_fn: the actor's micro-batch loss
             (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
             ``actor.loss_fn`` (setting both is refused); None: the config's.
-        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`) of each phase.
+        callbacks: step callbacks (:class:`~areal_m2po.api.callbacks.StepCallback`) of each phase.
     """
 
     def __init__(

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, PPOConfig
 from areal_m2po.trainer.ppo.actor import PPOActor, _apply_m2po_masking
 from areal_m2po.trainer.ppo.loss_fn import LossContext, library_actor_loss, load_actor_loss_fn
-from areal_m2po.utils.phases import Phases, StepCallback
 
 
 def _micro_batch() -> dict[str, torch.Tensor]:

@@ -35,6 +35,7 @@ from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
 from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
+from areal_m2po.api.callbacks import Phases
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
 from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
@@ -46,7 +47,6 @@ from areal_m2po.trainer.ppo.loss_fn import (
 )
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows
-from areal_m2po.utils.phases import Phases
 
 logger = logging.getLogger("areal_m2po.actor")
 
