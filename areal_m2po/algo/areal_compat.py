@@ -104,17 +104,10 @@ def _apply_m2po_masking(
     loss_mask: torch.Tensor,
     m2_threshold: float,
 ) -> torch.Tensor:
-    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool, ``loss_mask``'s shape) of one
-    batch, over every valid token: :func:`m2po.m2po_mask` without its statistics.
-
-    Args:
-        old_logp: float ``[B, T]`` behaviour log-probs recorded at generation (AReaL's name).
-        prox_logp: float ``[B, T]`` proximal log-probs recomputed at step start.
-        loss_mask: bool ``[B, T]`` valid tokens.
-        m2_threshold: finite float > 0.
-    Returns:
-        bool ``[B, T]``, False outside ``loss_mask`` (all False without valid tokens).
-    """
+    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool ``[B, T]``, False outside
+    ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
+    statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
+    the same)."""
     thr = m2po.check_m2_threshold(m2_threshold)
     m2 = m2po.m2_per_token(old_logp, prox_logp, loss_mask)
     keep, _ = m2po.m2po_mask_of_m2(m2, loss_mask, thr, loss_mask)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import SUPPORT, read_metrics, subprocess_env
+from procs import SUPPORT, read_metrics, subprocess_env, untimed
 from tiny_runs import make_cfg
 
 from areal_m2po.api.cli_args import (
@@ -25,23 +25,13 @@ from areal_m2po.api.cli_args import (
 )
 from areal_m2po.utils import recover
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """The runs below fix torch's threads (num_threads=1); give the session its own back."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def run_cfg(cfg) -> int:
     from areal_m2po.trainer.rl_trainer import run
 
     return run(cfg)
-
-
-def untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("timing/")}
 
 
 class Crash(Exception):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import REPO, SUPPORT, subprocess_env
+from procs import REPO, SUPPORT, read_metrics, subprocess_env, untimed
 
 from areal_m2po.api.cli_args import (
     EvaluatorConfig,
@@ -29,21 +29,7 @@ from areal_m2po.api.cli_args import (
 from areal_m2po.utils import recover
 from areal_m2po.utils.sft_loss import sft_nll_loss
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    from areal_m2po.engine.builtin_models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny"))
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def _write_jsonl(path: Path, rows: list) -> Path:
@@ -297,15 +283,6 @@ def make_cfg(tmp_path, name="run", steps=4, **kw) -> SFTConfig:
     return SFTConfig(**fields)
 
 
-def read_metrics(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("timing/")}
-
-
 def test_run_learns_and_writes_the_outputs_layout(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -336,7 +313,7 @@ def test_sigkill_and_rerun_continues_bitwise(tmp_path):
     cfg_file = save_config(crashed, tmp_path / "crashed.yaml")
     env = subprocess_env()
     proc = subprocess.Popen(
-        [sys.executable, str(SUPPORT / "sft_recover_worker.py"), str(cfg_file), "2"],
+        [sys.executable, str(SUPPORT / "recover_worker.py"), str(cfg_file), "2", "sft"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
