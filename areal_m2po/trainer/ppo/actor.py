@@ -2,7 +2,7 @@
 
 Where the three log-probs of a generated token come from:
 
-* ``logprobs`` (behaviour): recorded by the rollout engine while sampling, under the policy
+* ``behave_logp`` (behaviour): recorded by the rollout engine while sampling, under the policy
   version stamped in ``versions``. Never overwritten.
 * ``prox_logp`` (proximal): the policy at the start of this training step, set once per step by
   :meth:`PPOActor.prepare_proximal` (a forward pass, or the behaviour log-probs when they
@@ -35,6 +35,7 @@ from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
 from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
+from areal_m2po.api.callbacks import Phases
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
 from areal_m2po.engine.train_engine import HFTrainEngine
 from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
@@ -46,7 +47,6 @@ from areal_m2po.trainer.ppo.loss_fn import (
 )
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows
-from areal_m2po.utils.phases import Phases
 
 logger = logging.getLogger("areal_m2po.actor")
 
@@ -167,7 +167,7 @@ class PPOActor:
 
     def compute_logp(self, batch: Batch) -> torch.Tensor:
         """Log-probs of the generated tokens under the current policy, float32 [B, T]."""
-        logp, _ = self.engine.compute_logprobs(batch, self.config.temperature)
+        logp, _ = self.engine.forward_tokens(batch, self.config.temperature)
         return logp
 
     def prepare_proximal(self, batch: Batch) -> None:
@@ -183,7 +183,7 @@ class PPOActor:
           M2PO cannot mask anything (prox = behave), which is warned once.
         """
         c = self.config
-        behave = batch["logprobs"]
+        behave = batch["behave_logp"]
         if c.prox_logp_method == "recompute" and c.recompute_logprob:
             versions = batch["versions"][batch["loss_mask"]]
             stale = float(not bool((versions == self.engine.version).all()))
@@ -260,7 +260,7 @@ class PPOActor:
         """The per-token KL reward ``-kl_ctl * KL(policy || ref)`` (float32 ``[B, T]``, 0
         outside the loss mask) and the mean KL over all ranks' valid tokens (``actor/kl_ref``)."""
         c = self.config
-        policy_logp = batch["logprobs"] if c.kl_logp == "behave" else batch["prox_logp"]
+        policy_logp = batch["behave_logp"] if c.kl_logp == "behave" else batch["prox_logp"]
         kl = kl_estimate(policy_logp, batch["ref_logp"], c.kl_estimator, clamp=KL_CLAMP)
         kl = kl * mask_f
         kl_tot = dist.all_reduce_sum(torch.stack([kl.sum(), mask_f.sum()]).double())
@@ -350,7 +350,7 @@ class PPOActor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
         c = self.config
         if c.prox_logp_method == "loglinear":
-            behave = mb["logprobs"]
+            behave = mb["behave_logp"]
             v_behave = mb["versions"].float()
             v_prox = float(self.engine.version)
             gap = v_prox + step_in_update - v_behave
@@ -369,7 +369,7 @@ class PPOActor:
             return {}
         with self.phases("m2po"):
             mb["m2po_mask"], stats = global_m2po_mask(
-                mb["logprobs"],
+                mb["behave_logp"],
                 mb["prox_logp"],
                 mb["loss_mask"],
                 c.m2_threshold,
@@ -396,7 +396,7 @@ class PPOActor:
             return mb["m2po_mask"], {}
         with self.phases("m2po"):
             return m2po.m2po_mask(
-                mb["logprobs"],
+                mb["behave_logp"],
                 prox,
                 mb["loss_mask"],
                 c.m2_threshold,
@@ -425,7 +425,7 @@ class PPOActor:
         loss_mask = mb["loss_mask"]
         n_valid = loss_mask.sum().clamp(min=1)
         stats["actor/entropy"] = (entropy * loss_mask).sum().detach() / n_valid
-        stats["actor/behave_kl"] = ((mb["logprobs"] - prox) * loss_mask).sum().detach() / n_valid
+        stats["actor/behave_kl"] = ((mb["behave_logp"] - prox) * loss_mask).sum().detach() / n_valid
         return loss, stats
 
     def ppo_update(self, batch: Batch) -> dict[str, float]:
@@ -468,7 +468,7 @@ class PPOActor:
                     mb = select_rows(mb, keep_rows)
             train_stats, loss_stats = self.engine.train_batch(
                 mb,
-                loss_fn=functools.partial(self._microbatch_loss, step_in_update=k),
+                microbatch_loss=functools.partial(self._microbatch_loss, step_in_update=k),
                 loss_weight_fn=self._loss_weight,
                 temperature=c.temperature,
                 total_weight=total,
