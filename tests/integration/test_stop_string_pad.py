@@ -39,7 +39,7 @@ def test_fill_after_stop_string_is_not_a_generated_eos() -> None:
             # ends at the token completing the stop string: no EOS after it, none trained on
             assert out[-1] != eos, f"row {r}: fill pad counted as a generated EOS: {out}"
             assert not any(s in tokenizer.decode(out[:-1]) for s in STOP)
-            assert float(batch["logprobs"][r].abs().sum()) > 0
+            assert float(batch["behave_logp"][r].abs().sum()) > 0
             assert int(batch["loss_mask"][r].sum()) == len(out)
     assert by_stop >= 2, "the seed must give rows ended by a stop string before the limit"
     # rows ended by a sampled EOS keep it
