@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -280,16 +281,25 @@ class RLTrainer(RecoverableStepLoop):
     # -- evaluation ---------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy of the rollout policy on the held-out prompts (all ranks)."""
+        """Greedy accuracy of the rollout policy on the held-out prompts (all ranks): one
+        completion per prompt, or one whole episode with a workflow that evaluates episodes
+        (``eval/accuracy`` is then its success rate, with the workflow's ``eval_metrics``)."""
         cfg = self.config
         t0 = time.perf_counter()
         mine = self.valid_prompts[self.rank :: self.world]
-        correct, _ = self.rollout.evaluate(mine, cfg.valid_dataset.batch_size)
-        tot = dist.all_reduce_sum(torch.tensor([correct, float(len(mine))], dtype=torch.float64))
+        sums = self.rollout.evaluate(mine, cfg.valid_dataset.batch_size)
+        keys = list(sums)  # n, correct, then the workflow's eval_metrics: one order on all ranks
+        tot = dist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        total = dict(zip(keys, (float(x) for x in tot)))
         release_free_host_memory()  # the evaluation batch's KV cache
+        n = total.pop("n")
+        means = {k: v / n if n else 0.0 for k, v in total.items()}
+        accuracy = means.pop("correct")
         return {
-            "eval/accuracy": float(tot[0] / tot[1]) if float(tot[1]) else 0.0,
-            "eval/n": float(tot[1]),
+            "eval/accuracy": accuracy,
+            "eval/accuracy_se": math.sqrt(accuracy * (1 - accuracy) / n) if n else 0.0,
+            "eval/n": n,
+            **{f"eval/{k}": v for k, v in means.items()},
             "timing/eval_s": time.perf_counter() - t0,
         }
 
