@@ -1,6 +1,7 @@
 """Training with rollout.backend=vllm end to end on a tiny model, for real: the in-process
 engine in sync and async mode, one vLLM server in sync and async mode, resume after SIGKILL at
-the checkpoint's version, and no vLLM process left behind."""
+the checkpoint's version, no vLLM process left behind, and the training-inference mismatch
+(rollout/logp_mismatch_*) logged and small at equal version."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ from vllm_helpers import write_tiny_vllm_model
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MISMATCH_TOL = 2e-4
+"""max |vLLM behaviour log-prob - trainer log-prob| per token at equal version (fp32, CPU; the
+engine tests' tolerance; the measured figures are in docs/performance.md)."""
+
+
+def _check_mismatch(row):
+    """The row's rollout/logp_mismatch_* figures are there and small."""
+    print({k: v for k, v in row.items() if k.startswith("rollout/logp_mismatch")})
+    assert row["rollout/logp_mismatch_tokens"] > 0, row
+    assert 0 <= row["rollout/logp_mismatch_abs_mean"] <= row["rollout/logp_mismatch_abs_max"]
+    assert row["rollout/logp_mismatch_abs_max"] < MISMATCH_TOL, row
+    assert 0 <= row["rollout/logp_mismatch_kl"] < MISMATCH_TOL**2
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +127,8 @@ def test_training_steps(tmp_path, tiny_dir, mode, placement):
     extra = [f"rollout.mode={mode}", f"rollout.vllm.placement={placement}"]
     if mode == "async":
         extra += ["rollout.staleness=0", "rollout.max_head_offpolicyness=1"]
+    else:  # staleness 1 (configs/tiny.yaml): the mismatch comes from the check's extra pass
+        extra += ["rollout.logp_mismatch_freq=1"]
     proc, err = _run(_args(run_dir, tiny_dir, 2, *extra))
     assert proc.returncode == 0, err[-3000:]
     rows = _metrics(run_dir)
@@ -120,7 +136,27 @@ def test_training_steps(tmp_path, tiny_dir, mode, placement):
     for r in rows:
         assert r["actor/version"] - r["rollout/version_min"] <= 1
         assert r["gen_len/mean"] > 0 if "gen_len/mean" in r else True
+        # sync: every step; async: the steps whose batch holds tokens of the current version
+        if mode == "sync" or "rollout/logp_mismatch_tokens" in r:
+            _check_mismatch(r)
+    # step 1 trains on version 0's tokens with version 0: measured in either mode
+    _check_mismatch(rows[0])
     assert _vllm_pids(proc.pid) == []
+
+
+def test_on_policy_steps_recompute_and_log_the_mismatch(tmp_path, tiny_dir):
+    """staleness 0 with the in-process engine: vLLM's log-probs are not the trainer's own, so
+    every step has a proximal forward pass (which exact engines skip on-policy) and logs the
+    mismatch over all its tokens."""
+    run_dir = str(tmp_path / "run")
+    proc, err = _run(_args(run_dir, tiny_dir, 2, "rollout.staleness=0"))
+    assert proc.returncode == 0, err[-3000:]
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        _check_mismatch(r)
+        assert r["rollout/logp_mismatch_tokens"] == r["m2po/n_valid"]
+        assert "timing/mismatch_s" not in r  # no extra pass: the proximal one measured it
 
 
 def test_resume_after_sigkill_continues_at_the_checkpoint_version(tmp_path, tiny_dir):
