@@ -82,8 +82,9 @@ def _spawn(args):
 
 
 def _vllm_pids(trainer_pid):
-    """Live vLLM server processes started for ``trainer_pid`` (by their watchdog argument) and
-    every live process of their process groups."""
+    """Live vLLM server processes started for ``trainer_pid`` (by their watchdog argument; or
+    any other argument, e.g. the model's path) and every live process of their process
+    groups."""
     groups, pids = set(), []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -214,3 +215,36 @@ def test_killed_vllm_server_stops_training_with_one_line(tmp_path, tiny_dir):
     assert "vLLM server exited with status" in last or "failed" in last, last
     assert "the last good recover checkpoint is " in last
     assert _vllm_pids(proc.pid) == []
+
+
+def test_two_trainer_processes_share_one_vllm_server(tmp_path, tiny_dir):
+    """accelerate launch of 2 gloo processes with placement=servers: rank 0 starts the one
+    server and pushes every update, both ranks generate their share on it, and the mismatch is
+    measured over both ranks' tokens (staleness 0: all of them, at every step)."""
+    from areal_m2po.trainer.launch import cpu_launch_command
+
+    run_dir = str(tmp_path / "run")
+    args = _args(run_dir, tiny_dir, 2, "rollout.vllm.placement=servers", "rollout.staleness=0")
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "support")])
+    )
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(
+        [*cpu_launch_command(2), "-m", "areal_m2po.train", *args],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        _check_mismatch(r)
+        assert r["rollout/logp_mismatch_tokens"] == r["m2po/n_valid"]  # both ranks' tokens
+        assert r["rollout/version_min"] == r["rollout/version_max"] == r["actor/version"]
+    assert sorted(os.listdir(os.path.join(run_dir, "logs"))) == ["vllm_server_0.log"]
+    assert _vllm_pids(tiny_dir) == []
