@@ -48,7 +48,10 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         calls.append(["setup"])
 
     engine._setup = no_setup  # type: ignore[method-assign]
-    engine._run = lambda fn, *args: calls.append([fn.__name__, *map(str, args)])  # type: ignore[method-assign]
+    def record(fn, *args) -> None:
+        calls.append([fn.__name__, *map(str, args)])
+
+    engine._run = record  # type: ignore[method-assign]
     if rank == 0:
         engine.processes = _FakeProcesses()  # type: ignore[assignment]
         engine._addrs = list(_FakeProcesses.addrs)

@@ -6,8 +6,9 @@ Where the three log-probs of a generated token come from:
   version stamped in ``versions``. Never overwritten.
 * ``prox_logp`` (proximal): the policy at the start of this training step, set once per step by
   :meth:`PPOActor.prepare_proximal` (a forward pass, or the behaviour log-probs when they
-  already are the proximal ones: on-policy tokens of an engine with exact log-probs); with ``prox_logp_method=loglinear`` the loss interpolates
-  between behaviour and current log-probs by version instead (:meth:`PPOActor._proximal`).
+  already are the proximal ones: on-policy tokens of an engine with exact log-probs); with
+  ``prox_logp_method=loglinear`` the loss interpolates between behaviour and current log-probs
+  by version instead (:meth:`PPOActor._proximal`).
 * the current log-probs, from the forward pass of each micro-batch.
 
 M2PO compares behaviour with proximal, so it masks stale tokens with the clipped-PPO loss, the
