@@ -201,14 +201,14 @@ class RolloutEngine:
         input_ids = torch.where(full_attn, seqs, torch.full_like(seqs, self.pad_id))
         versions = torch.full_like(input_ids, -1)
         versions[loss_mask] = self.version
-        logprobs = torch.cat(
+        behave_logp = torch.cat(
             [torch.zeros(b, p, dtype=torch.float32, device=gen.device), logp * gen_mask], 1
         )
         return {
             "input_ids": input_ids.cpu(),
             "attention_mask": full_attn.cpu(),
             "loss_mask": loss_mask.cpu(),
-            "logprobs": logprobs.cpu(),
+            "behave_logp": behave_logp.cpu(),
             "versions": versions.cpu(),
             "no_eos": no_eos.cpu(),
         }

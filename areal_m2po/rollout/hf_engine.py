@@ -137,7 +137,7 @@ class HFInferenceEngine(InferenceEngine):
         return ModelResponse(
             input_ids=list(req.input_ids),
             output_ids=out,
-            output_logprobs=[float(x) for x in batch["logprobs"][row][mask].tolist()],
+            output_logprobs=[float(x) for x in batch["behave_logp"][row][mask].tolist()],
             output_versions=[version] * len(out),
             finish_reason=finish,
             rid=req.rid,

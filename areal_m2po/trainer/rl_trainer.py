@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
@@ -45,12 +46,12 @@ from areal_m2po.trainer.run_setup import (
     start_run,
     write_run_config,
 )
+from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
-from areal_m2po.utils.data import Batch
+from areal_m2po.utils.data import Batch, with_current_keys
 from areal_m2po.utils.host_memory import release_free_host_memory
 from areal_m2po.utils.imports import load_object
-from areal_m2po.utils.phases import Phases, StepCallback
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -59,15 +60,16 @@ class NonFiniteTrainingError(RuntimeError):
     """Too many consecutive training steps were skipped for a non-finite loss or gradient."""
 
 
-class RLTrainer:
-    """Builds every part of a run from a :class:`PPOConfig` and runs the step loop.
+class RLTrainer(RecoverableStepLoop):
+    """Builds every part of a run from a :class:`PPOConfig` and runs the step loop (its
+    bookkeeping: :class:`~areal_m2po.trainer.step_loop.RecoverableStepLoop`).
 
     Args:
         config: the run's configuration.
         actor_loss_fn: the actor's micro-batch loss
             (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
             ``actor.loss_fn`` (setting both is refused); None: the config's.
-        callbacks: step callbacks (:class:`~areal_m2po.utils.phases.StepCallback`) of each phase.
+        callbacks: step callbacks (:class:`~areal_m2po.api.callbacks.StepCallback`) of each phase.
     """
 
     def __init__(
@@ -102,7 +104,6 @@ class RLTrainer:
         self.step = 0  # finished training steps
         self.consecutive_skipped = 0  # steps in a row whose update had a non-finite loss/grad
         self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
-        self._last_recover_step = -1
         self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
 
     @property
@@ -134,7 +135,7 @@ class RLTrainer:
     def _build_data(self) -> None:
         from transformers import AutoTokenizer
 
-        from areal_m2po.dataset import PromptLoader, load_prompt_dataset
+        from areal_m2po.dataset import load_prompt_dataset
         from areal_m2po.engine.builtin_models import resolve_model_path
         from areal_m2po.reward import RewardRunner
 
@@ -150,15 +151,7 @@ class RLTrainer:
         self.valid_prompts = load_prompt_dataset(
             cfg.valid_dataset, self.tokenizer, cfg.seed, "valid"
         )
-        self.loader = PromptLoader(
-            self.train_prompts,
-            batch_size=cfg.train_dataset.batch_size,
-            shuffle=cfg.train_dataset.shuffle,
-            seed=cfg.seed,
-            drop_last=cfg.train_dataset.drop_last,
-        )
-        steps = self.loader.steps_per_epoch * cfg.total_train_epochs
-        self.total_steps = min(steps, cfg.total_train_steps) if cfg.total_train_steps else steps
+        self.loader, self.total_steps = epoch_loader(self.train_prompts, cfg)
         self.reward_runner = RewardRunner(
             self.reward_fn, cfg.reward.timeout_s, cfg.reward.max_workers
         )
@@ -292,9 +285,7 @@ class RLTrainer:
             stats.update(self.actor.prepare_proximal(batch))
         with phase("ref", stats):
             if self.ref_engine is not None:
-                batch["ref_logp"], _ = self.ref_engine.compute_logprobs(
-                    batch, cfg.actor.temperature
-                )
+                batch["ref_logp"], _ = self.ref_engine.forward_tokens(batch, cfg.actor.temperature)
             if self.critic is not None:
                 batch["values"] = self.critic.compute_values(batch)
         with phase("advantages", stats):
@@ -335,11 +326,7 @@ class RLTrainer:
     # -- saving -------------------------------------------------------------------------------
 
     def save_hf(self, tag: str) -> str:
-        path = os.path.join(self.output_dir, "checkpoints", tag)
-        self.actor_engine.save_hf(path, self.tokenizer)
-        if self.is_main:
-            logger.info("saved policy (HF format) to %s", path)
-        return path
+        return self._save_engine_hf(self.actor_engine, tag, "policy")
 
     # -- state (recover checkpoints) ----------------------------------------------------------
 
@@ -397,7 +384,8 @@ class RLTrainer:
             return lambda state: engine.load_training_state(state, _shards(shard_dir, part))
 
         def load_rank(state: Mapping[str, Any]) -> None:
-            queue = [(batch, info) for batch, info in state["queue"]]
+            # a checkpoint written before the batch-key rename holds the old key names
+            queue = [(with_current_keys(batch), info) for batch, info in state["queue"]]
             if len(queue) != self.config.rollout.staleness:
                 raise ValueError(
                     f"holds {len(queue)} queued rollout batches, rollout.staleness is "
@@ -414,33 +402,7 @@ class RLTrainer:
         load_rollout = functools.partial(self.rollout.load_engine_state, policy=policy)
         return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
 
-    def save_checkpoint(self) -> str:
-        """Write a recover checkpoint after ``self.step`` (every rank calls it). Its path."""
-        return self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir))
-
-    def resume(self) -> bool:
-        """Load the recover checkpoint ``recover.mode`` asks for; True when one was loaded.
-
-        Raises:
-            RecoverError: none for ``recover.mode=resume``, or one that does not match this run.
-        """
-        path = self.checkpoints.to_resume()
-        if path is not None:
-            self.checkpoints.load(path, self._state_loaders(path))
-        return path is not None
-
     # -- loop ---------------------------------------------------------------------------------
-
-    def train(self) -> None:
-        restore_handler = recover.install_sigterm_handler(self._on_sigterm)
-        try:
-            self._train()
-        finally:
-            restore_handler()
-
-    def _on_sigterm(self) -> None:
-        self.stop_requested = True
-        logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
 
     def _train(self) -> None:
         cfg = self.config
@@ -477,22 +439,14 @@ class RLTrainer:
             release_free_host_memory()  # the update's activations and logits
             self.step += 1
             self.phases.step_end(self.step, stats)
-            ev_freq = cfg.evaluator.freq_steps
-            last = self.step == self.total_steps
-            if (ev_freq and self.step % ev_freq == 0) or (last and cfg.evaluator.eval_at_end):
-                stats.update(self.evaluate())
-            if cfg.saver.freq_steps and self.step % cfg.saver.freq_steps == 0:
-                self.save_hf(f"step_{self.step}")
-            stats["timing/step_s"] = time.perf_counter() - t_step
-            self.stats_logger.log(self.step, stats)
+            self._end_step(stats, t_step)
             if progress is not None:
                 progress.update(1)
             if self._after_step(stats):
                 break
         if progress is not None:
             progress.close()
-        if cfg.saver.save_at_end and not self.stop_requested:
-            self.save_hf("final")
+        self._save_final()
 
     def _after_step(self, stats: dict[str, float]) -> bool:
         """Fault counting and recover checkpoints after a logged step; True: stop (SIGTERM)."""
@@ -513,20 +467,7 @@ class RLTrainer:
                 f"(actor.max_consecutive_skipped_steps={limit}); stopping. {where}. Lower "
                 "actor.optimizer.lr or check the rewards, then rerun with recover.mode=auto."
             )
-        stop = self.stop_requested
-        if dist.is_distributed():  # a signal may reach only some ranks
-            stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
-        periodic = (
-            cfg.recover.mode != "disabled"
-            and self.step % cfg.recover.freq_steps == 0
-            and not skipped  # a checkpoint only after a good step
-        )
-        if (periodic or stop) and self._last_recover_step != self.step:
-            self.save_checkpoint()
-            self._last_recover_step = self.step
-        if stop:
-            logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
-        return stop
+        return self._checkpoint_after_step(good=not skipped)
 
     def _progress_bar(self) -> Any:
         if not (self.is_main and self.config.stats_logger.progress_bar and sys.stderr.isatty()):

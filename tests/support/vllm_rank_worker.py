@@ -48,6 +48,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         calls.append(["setup"])
 
     engine._setup = no_setup  # type: ignore[method-assign]
+
     def record(fn, *args) -> None:
         calls.append([fn.__name__, *map(str, args)])
 
