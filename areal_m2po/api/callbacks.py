@@ -9,6 +9,9 @@ The trainer runs every step as named phases and reports them to its callbacks, i
       generate -> prox -> ref -> advantages -> update -> sync   (each: on_phase_begin/end)
     on_step_end(step, stats)
 
+``mismatch`` (the trainer's log-probs of the batch just generated, when
+``rollout.logp_mismatch_freq`` is due) runs between ``generate`` and ``prox``.
+
 ``generate`` also runs before the first step when ``rollout.staleness`` queues batches ahead;
 the actor reports ``m2po`` (the M2PO mask: once per PPO minibatch with ``m2_scope=global``, once
 per micro-batch with ``microbatch``) nested inside ``update``. A callback that wants another
@@ -24,7 +27,7 @@ from collections.abc import Iterator, Sequence
 
 __all__ = ["PHASES", "Phases", "StepCallback"]
 
-PHASES = ("generate", "prox", "ref", "advantages", "update", "sync", "m2po")
+PHASES = ("generate", "mismatch", "prox", "ref", "advantages", "update", "sync", "m2po")
 """The phase names the trainer and the actor report."""
 
 

@@ -923,6 +923,14 @@ class RolloutConfig:
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
+    logp_mismatch_freq: int = _field(
+        0,
+        "sync mode with staleness >= 1: every this many steps, the trainer also computes its "
+        "log-probs of the batch just generated (at the version that generated it) and logs "
+        "rollout/logp_mismatch_* (engine vs trainer log-probs; one extra forward pass). "
+        "Other set-ups log them from the proximal forward pass at no extra cost. 0 = never "
+        "(docs/rollout.md).",
+    )
     server_addrs: list[str] | None = _field(
         None,
         "async mode: host:port of running rollout servers (ours or SGLang's). null: the "
@@ -982,6 +990,14 @@ class RolloutConfig:
                 f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
+        _check_number("logp_mismatch_freq", self.logp_mismatch_freq, ge=0, integer=True)
+        if self.logp_mismatch_freq and (self.mode != "sync" or self.staleness == 0):
+            raise ConfigError(
+                "logp_mismatch_freq",
+                f"only sync mode with staleness >= 1 needs the extra forward pass (here mode="
+                f"{self.mode}, staleness={self.staleness}: the proximal pass measures it); "
+                f"set 0, got {self.logp_mismatch_freq}",
+            )
         _validate_section(self, "vllm", VLLMConfig)
         if self.backend == "vllm":
             self._check_vllm_importable()

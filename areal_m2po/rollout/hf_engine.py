@@ -68,7 +68,12 @@ class HFInferenceEngine(InferenceEngine):
         model: the policy (deep-copied; the copy is the behaviour policy).
         tokenizer: its tokenizer.
         device: where generation runs.
+
+    Its behaviour log-probs come from the trainer's own model code on a copy of its weights
+    (merged, with LoRA), so they are the trainer's up to batching order: ``exact_logprobs``.
     """
+
+    exact_logprobs = True
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.rollout = RolloutEngine(model, tokenizer, device)

@@ -5,6 +5,7 @@ path). A stub engine stands in for the model; nothing global is set."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -50,6 +51,31 @@ def test_prepare_proximal_on_policy_reuses_behaviour_stale_recomputes():
     actor.prepare_proximal(batch)
     assert actor.engine.forwards == 1
     assert torch.equal(batch["prox_logp"], batch["behave_logp"] + 0.5)
+
+
+def test_prepare_proximal_of_an_inexact_engine_recomputes_and_logs_the_mismatch():
+    """An engine whose log-probs are not the trainer's own: on-policy batches get the forward
+    pass too, and the mismatch is taken over the tokens of the policy's version only (the stub
+    policy is behave + 0.5: d = -0.5 on each of them)."""
+    exact = _actor(3, m2_threshold=0.04)
+    batch = _batch([3, 3])
+    assert exact.prepare_proximal(batch) == {} and exact.engine.forwards == 0
+
+    actor = _actor(3, m2_threshold=0.04)
+    actor.exact_behave_logp = False
+    batch = _batch([3, 3])
+    stats = actor.prepare_proximal(batch)
+    assert actor.engine.forwards == 1
+    assert torch.equal(batch["prox_logp"], batch["behave_logp"] + 0.5)
+    assert stats["rollout/logp_mismatch_tokens"] == 8  # 2 rows x 4 valid tokens
+    assert stats["rollout/logp_mismatch_abs_mean"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["rollout/logp_mismatch_abs_max"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["rollout/logp_mismatch_kl"] == pytest.approx(math.exp(0.5) - 1.5, abs=1e-6)
+    # mixed versions (exact engine or not): only the version-3 row counts
+    stats = exact.prepare_proximal(_batch([3, 2]))
+    assert stats["rollout/logp_mismatch_tokens"] == 4
+    # no token of the policy's version: no figures
+    assert exact.prepare_proximal(_batch([1, 2])) == {}
 
 
 def test_prepare_proximal_without_recompute_is_behaviour_and_warns_once(caplog):
