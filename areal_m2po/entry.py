@@ -9,6 +9,7 @@ is called only with a valid config.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,7 @@ PRINT_CONFIG = "--print-config"
 def config_main(
     argv: list[str] | None,
     config_cls: type,
-    run_training: Callable[[Any], int | None],
+    run_training: Callable[[Any], int | None] | str,
     *,
     usage: str | None = None,
     check_before_run: Callable[[Any], None] | None = None,
@@ -35,7 +36,9 @@ def config_main(
 
     Args:
         run_training: called with the valid config; its return value is the exit status
-            (None counts as 0). A :class:`ConfigError` it raises exits with status 2.
+            (None counts as 0). A :class:`ConfigError` it raises exits with status 2. A
+            ``"module:function"`` string names it: the module (the trainer, heavy) is imported
+            only once the config is valid.
         usage: the head of ``--help`` (None: the PPO trainer's).
         check_before_run: extra checks of a config that is about to train (not for
             ``--print-config``); a ``ValueError`` exits with status 2.
@@ -60,6 +63,9 @@ def config_main(
     if print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
+    if isinstance(run_training, str):
+        module, _, name = run_training.partition(":")
+        run_training = getattr(importlib.import_module(module), name)
     try:
         status = run_training(cfg)
     except ConfigError as exc:

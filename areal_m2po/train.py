@@ -20,19 +20,13 @@ from areal_m2po.entry import EXIT_BAD_CONFIG, config_main, exit_status
 __all__ = ["EXIT_BAD_CONFIG", "main"]
 
 
-def _run(cfg: PPOConfig) -> int:
-    from areal_m2po.trainer.rl_trainer import run  # heavy: only once the config is valid
-
-    return run(cfg)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), then print help/config or train.
 
     Returns the exit status: 0 for ``--help``/``--print-config``, 2 for a bad config, else what
     ``run(cfg)`` returns.
     """
-    return config_main(argv, PPOConfig, _run)
+    return config_main(argv, PPOConfig, "areal_m2po.trainer.rl_trainer:run")
 
 
 if __name__ == "__main__":

@@ -26,18 +26,7 @@ Train a Bradley-Terry reward model (AutoModelForSequenceClassification, one labe
 preference pairs {prompt, chosen, rejected[, margin]} and save it in Hugging Face format for
 reward.model.path of python -m areal_m2po.train. Settings come from the defaults below, then
 --config FILE.yaml, then the KEY=VALUE overrides (the three forms are equivalent).
-
-options:
-  --config FILE.yaml  YAML file with any subset of the keys below (may be repeated)
-  --print-config      print the resolved config as YAML and exit
-  -h, --help          show this help and exit
 """
-
-
-def _run(cfg: RWConfig) -> int:
-    from areal_m2po.trainer.rw_trainer import run  # heavy: only once the config is valid
-
-    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 for ``--help``/``--print-config`` and a finished run, 2 for bad input.
     """
-    return config_main(argv, RWConfig, _run, usage=USAGE, check_before_run=RWConfig.check_required)
+    return config_main(
+        argv,
+        RWConfig,
+        "areal_m2po.trainer.rw_trainer:run",
+        usage=USAGE,
+        check_before_run=RWConfig.check_required,
+    )
 
 
 if __name__ == "__main__":

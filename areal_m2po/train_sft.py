@@ -29,18 +29,7 @@ turns of {messages: [...]} conversations (token-mean negative log-likelihood), e
 held-out loss and perplexity, and save the model in Hugging Face format for actor.path of
 python -m areal_m2po.train (or model.path of train_rm). Settings come from the defaults below,
 then --config FILE.yaml, then the KEY=VALUE overrides (the three forms are equivalent).
-
-options:
-  --config FILE.yaml  YAML file with any subset of the keys below (may be repeated)
-  --print-config      print the resolved config as YAML and exit
-  -h, --help          show this help and exit
 """
-
-
-def _run(cfg: SFTConfig) -> int:
-    from areal_m2po.trainer.sft_trainer import run  # heavy: only once the config is valid
-
-    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0 for ``--help``/``--print-config`` and a finished run, 2 for bad input.
     """
-    return config_main(argv, SFTConfig, _run, usage=USAGE)
+    return config_main(argv, SFTConfig, "areal_m2po.trainer.sft_trainer:run", usage=USAGE)
 
 
 if __name__ == "__main__":

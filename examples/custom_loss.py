@@ -7,7 +7,9 @@ advantages), so a custom loss is a plain function of tensors, named in the confi
       loss_fn: custom_loss:truncated_reinforce_loss   # "module:function", importable
 
 or passed as ``RLTrainer(cfg, actor_loss_fn=truncated_reinforce_loss)``. Its contract (argument
-shapes, keys, units) is ``ActorLossFn`` in ``areal_m2po/trainer/ppo/loss_fn.py``.
+shapes, keys, units) is ``ActorLossFn`` in ``areal_m2po/trainer/ppo/loss_fn.py``: the batch keys
+are ``behave_logp`` (behaviour log-probs, recorded at sampling), ``prox_logp`` (proximal, the
+policy at step start), ``advantages``, ``loss_mask`` and, with M2PO on, ``m2po_mask``.
 
 ``truncated_reinforce_loss`` has no clipping: each kept token contributes
 ``-min(pi/pi_prox, TRUNCATION) * A * log pi``, averaged over the valid tokens (``token-mean``),
@@ -28,10 +30,10 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.callbacks import StepCallback
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.trainer.ppo.loss_fn import LossContext
-from areal_m2po.utils.phases import StepCallback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRUNCATION = 2.0

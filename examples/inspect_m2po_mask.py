@@ -1,11 +1,11 @@
 """Inspect the M2PO mask on a toy batch: which tokens go, and why.
 
-Two sequences of eight generated tokens get random behaviour log-probs (``old_logp``, what the
+Two sequences of eight generated tokens get random behaviour log-probs (``behave_logp``, what the
 rollout policy recorded) and proximal log-probs (``prox_logp``, the policy at the start of the
 training step) that drift from them, a few tokens drifting a lot. ``_apply_m2po_masking`` (the
 AReaL-compatible helper) filters the full loss mask at ``m2_threshold=0.05``; the script prints
 the token counts before and after, and replays the rule step by step: tokens are taken in order
-of decreasing ``m2 = (old_logp - prox_logp)^2`` and each one is dropped while the mean m2 of the
+of decreasing ``m2 = (behave_logp - prox_logp)^2`` and each one is dropped while the mean m2 of the
 tokens still in (itself included) is at or above the threshold.
 
     python examples/inspect_m2po_mask.py
@@ -28,25 +28,25 @@ from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mas
 
 
 def toy_logprobs(seed: int, shape: tuple[int, int] = (2, 8)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random ``(old_logp, prox_logp)``: most tokens drift a little, about one in four a lot."""
+    """Random ``(behave_logp, prox_logp)``: most tokens drift a little, about one in four a lot."""
     gen = torch.Generator().manual_seed(seed)
-    old_logp = -4.0 * torch.rand(shape, generator=gen)
+    behave_logp = -4.0 * torch.rand(shape, generator=gen)
     drift = 0.12 * torch.randn(shape, generator=gen)
     outlier = torch.rand(shape, generator=gen) < 0.25
     drift = torch.where(outlier, drift * 5.0, drift)
-    prox_logp = (old_logp + drift).clamp(max=0.0)
-    return old_logp, prox_logp
+    prox_logp = (behave_logp + drift).clamp(max=0.0)
+    return behave_logp, prox_logp
 
 
 def explain(
-    old_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor, threshold: float
+    behave_logp: torch.Tensor, prox_logp: torch.Tensor, loss_mask: torch.Tensor, threshold: float
 ) -> dict[str, Any]:
     """Replay the M2PO rule on the valid tokens and record why each one was dropped or kept.
 
     The order is the library's: m2 descending, ties broken by the earlier position (row-major).
     "Running mean" is the mean m2 of the tokens still in the loss just before a decision.
     """
-    d = old_logp.double() - prox_logp.double()  # the library's m2 is float64
+    d = behave_logp.double() - prox_logp.double()  # the library's m2 is float64
     m2 = (d * d)[loss_mask]
     positions = loss_mask.nonzero().tolist()  # row-major, aligned with m2
     sorted_m2, order = torch.sort(m2, descending=True, stable=True)
@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args(argv)
 
-    old_logp, prox_logp = toy_logprobs(args.seed)
-    loss_mask = torch.ones_like(old_logp, dtype=torch.bool)  # every token counts
-    keep = _apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold=args.threshold)
-    why = explain(old_logp, prox_logp, loss_mask, args.threshold)
+    behave_logp, prox_logp = toy_logprobs(args.seed)
+    loss_mask = torch.ones_like(behave_logp, dtype=torch.bool)  # every token counts
+    keep = _apply_m2po_masking(behave_logp, prox_logp, loss_mask, m2_threshold=args.threshold)
+    why = explain(behave_logp, prox_logp, loss_mask, args.threshold)
     agrees = bool(torch.equal(keep, why["keep"])) and bool(
         torch.equal(why["areal_helper_keep_sorted"], why["keep_sorted"])
     )
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     print(f"m2_threshold = {args.threshold}   (seed {args.seed}, shape {tuple(loss_mask.shape)})")
     print()
-    print("m2 = (old_logp - prox_logp)^2 per token:")
+    print("m2 = (behave_logp - prox_logp)^2 per token:")
     for r, row in enumerate(why["m2"]):
         print(f"  row {r}: " + " ".join(f"{v:7.4f}" for v in row))
     print()

@@ -1,4 +1,5 @@
-"""Shared test set-up: an offline, quiet environment; torch threads fixed only on request."""
+"""Shared test set-up: an offline, quiet environment; torch threads fixed only on request;
+the fixtures several test files use (``restore_threads``, ``tok``)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,28 @@ def torch_threads() -> Iterator[int]:
         yield 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def restore_threads() -> Iterator[None]:
+    """Give the session its torch threads back after a test whose runs fix them
+    (``num_threads=1`` in a run's config sets them process-wide); use it with
+    ``pytestmark = pytest.mark.usefixtures("restore_threads")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tok():  # noqa: ANN201 - a transformers tokenizer
+    """The tokenizer of ``builtin:tiny`` (loaded once per session)."""
+    from transformers import AutoTokenizer
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

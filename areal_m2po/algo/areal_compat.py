@@ -14,6 +14,8 @@ The module imports only torch and :mod:`areal_m2po.algo`; it keeps no state.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ import torch
 from areal_m2po.algo import m2po
 from areal_m2po.algo.critic_loss import ppo_critic_loss
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.algo.sapo_loss import sapo_loss
 
 __all__ = [
@@ -50,9 +53,17 @@ def ppo_actor_loss_fn(
     ``logprobs`` current, ``proximal_logprobs`` proximal, ``old_logprobs`` behaviour log-probs,
     all float ``[B, T]``; ``options`` are the other fields of :class:`PPOLossSpec`
     (``eps_clip_higher``, ``c_clip``, ``rejection_sampling``, ``importance_sampling_level``,
-    ``loss_agg_mode``, ``max_tokens_norm``); an unknown keyword raises ``TypeError``. Builds
+    ``loss_agg_mode``, ``max_tokens_norm``); an unknown keyword raises ``TypeError``.
+    ``rejection_sampling`` may also be a config section, as AReaL passes it (an object with
+    :class:`RejectionSampling`'s field names; fields it lacks take the loss's defaults). Builds
     the spec on each call; a training loop builds it once and calls ``ppo_actor_loss``.
     """
+    rs = options.get("rejection_sampling")
+    if rs is not None and not isinstance(rs, (Mapping, RejectionSampling)):
+        # AReaL passes its config section: take its fields
+        options["rejection_sampling"] = {
+            f.name: getattr(rs, f.name) for f in fields(RejectionSampling) if hasattr(rs, f.name)
+        }
     spec = PPOLossSpec(eps_clip=eps_clip, **options)
     return ppo_actor_loss(
         logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, spec, m2po_mask
@@ -93,17 +104,10 @@ def _apply_m2po_masking(
     loss_mask: torch.Tensor,
     m2_threshold: float,
 ) -> torch.Tensor:
-    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool, ``loss_mask``'s shape) of one
-    batch, over every valid token: :func:`m2po.m2po_mask` without its statistics.
-
-    Args:
-        old_logp: float ``[B, T]`` behaviour log-probs recorded at generation (AReaL's name).
-        prox_logp: float ``[B, T]`` proximal log-probs recomputed at step start.
-        loss_mask: bool ``[B, T]`` valid tokens.
-        m2_threshold: finite float > 0.
-    Returns:
-        bool ``[B, T]``, False outside ``loss_mask`` (all False without valid tokens).
-    """
+    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool ``[B, T]``, False outside
+    ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
+    statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
+    the same)."""
     thr = m2po.check_m2_threshold(m2_threshold)
     m2 = m2po.m2_per_token(old_logp, prox_logp, loss_mask)
     keep, _ = m2po.m2po_mask_of_m2(m2, loss_mask, thr, loss_mask)

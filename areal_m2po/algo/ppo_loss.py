@@ -12,13 +12,14 @@ loss returns ``(loss, stats)``: a 0-dim tensor and detached 0-dim float32 statis
 MEAN over the micro-batch's valid tokens unless the name says otherwise (``*_max``, ``*_min``).
 Denominators follow :mod:`areal_m2po.algo.aggregation`.
 
-The module imports only torch, the choice lists and the ``RejectionSamplingConfig`` value type
-of :mod:`areal_m2po.api.cli_args`, and the other modules of :mod:`areal_m2po.algo`; it keeps no
-state.
+The module imports only torch, the choice lists of :mod:`areal_m2po.api.cli_args` and the
+other modules of :mod:`areal_m2po.algo`; it takes no config object (the actor unpacks its
+section into :class:`PPOLossSpec`) and keeps no state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +29,12 @@ from areal_m2po.algo.aggregation import agg_loss, check_loss_inputs
 from areal_m2po.algo.checks import check_choice, check_real
 from areal_m2po.algo.policy_ratio import policy_ratio
 from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
-from areal_m2po.algo.rejection_sampling import apply_rejection_sampling, as_rejection_config
-from areal_m2po.api.cli_args import (
-    IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_AGG_MODES,
-    RejectionSamplingConfig,
+from areal_m2po.algo.rejection_sampling import (
+    RejectionSampling,
+    apply_rejection_sampling,
+    as_rejection_sampling,
 )
+from areal_m2po.api.cli_args import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 
 __all__ = ["PPOLossSpec", "ppo_actor_loss"]
 
@@ -48,8 +49,8 @@ class PPOLossSpec:
             ``[1 - eps_clip, 1 + eps_clip_higher]``.
         eps_clip_higher: upper clip range (>= 0); None = ``eps_clip``.
         c_clip: dual-clip constant (> 1) for negative advantages; None = off.
-        rejection_sampling: None, a :class:`RejectionSamplingConfig`, or a mapping/object with
-            its field names (see :func:`as_rejection_config`); stored as the config.
+        rejection_sampling: None, a :class:`RejectionSampling`, or a mapping of its field
+            names (see :func:`as_rejection_sampling`); stored as a ``RejectionSampling``.
         importance_sampling_level: "token" (PPO) or "sequence" (GSPO).
         loss_agg_mode, max_tokens_norm: see :func:`agg_loss`.
     """
@@ -57,7 +58,7 @@ class PPOLossSpec:
     eps_clip: float
     eps_clip_higher: float | None = None
     c_clip: float | None = None
-    rejection_sampling: Any = None
+    rejection_sampling: RejectionSampling | Mapping[str, Any] | None = None
     importance_sampling_level: str = "token"
     loss_agg_mode: str = "token-mean"
     max_tokens_norm: int | None = None
@@ -81,7 +82,7 @@ class PPOLossSpec:
             "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
         )
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
-        rs = as_rejection_config(self.rejection_sampling)
+        rs = as_rejection_sampling(self.rejection_sampling)
         object.__setattr__(self, "rejection_sampling", rs)
 
     @property
@@ -91,7 +92,7 @@ class PPOLossSpec:
 
 
 def _behaviour_weight(
-    rs: RejectionSamplingConfig | None,
+    rs: RejectionSampling | None,
     prox: torch.Tensor,
     behave: torch.Tensor,
     valid: torch.Tensor,
@@ -218,7 +219,8 @@ def ppo_actor_loss(
     behave = behave_logp.detach().to(dtype)
     adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
     cand = valid if m2po_mask is None else valid & m2po_mask
-    w, keep, affected = _behaviour_weight(spec.rejection_sampling, prox, behave, valid, cand)
+    rs = as_rejection_sampling(spec.rejection_sampling)  # already one: returned as it is
+    w, keep, affected = _behaviour_weight(rs, prox, behave, valid, cand)
     ratio, adv = policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
     pg, clip_active, dual_active = _clipped_pg(ratio, adv, spec)
     loss = agg_loss(pg * w, keep, valid, spec.loss_agg_mode, spec.max_tokens_norm)

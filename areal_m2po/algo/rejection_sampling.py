@@ -1,52 +1,81 @@
 """Rejection sampling on the behaviour drift: masked or truncated importance sampling of the
 behaviour weight ``w = pi_prox / pi_behave`` per token or per sequence.
 
-The options and their rules are those of :class:`areal_m2po.api.cli_args.RejectionSamplingConfig`
-(one rule for the config file and for direct callers); a plain mapping or any object with the
-same field names is turned into that config first. Per-token tensors are ``[B, T]``; the module
-imports only torch, the standard library, the config tree's dataclass and the other pure-maths
-modules, keeps no state and has no import-time side effects.
+Owns :class:`RejectionSampling` (the options as plain strings and floats, checked by the same
+rule as the config section, :func:`areal_m2po.api.cli_args.check_rejection_sampling`) and
+:func:`apply_rejection_sampling`. The actor unpacks ``actor.rejection_sampling`` into a
+:class:`RejectionSampling`; a direct caller may also give a mapping of its field names
+(:func:`as_rejection_sampling`). Per-token tensors are ``[B, T]``; the module imports only torch,
+the standard library, the rule and choice lists of :mod:`areal_m2po.api.cli_args` and the other
+pure-maths modules, keeps no state and has no import-time side effects.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from areal_m2po.algo.kl import kl_estimate
-from areal_m2po.api.cli_args import RejectionSamplingConfig
+from areal_m2po.api.cli_args import check_rejection_sampling
 
-__all__ = ["apply_rejection_sampling", "as_rejection_config"]
-
-# a mapping or object given by a direct caller: these defaults fill the fields it leaves out
-_SPEC_DEFAULTS: dict[str, Any] = {
-    "level": "token",
-    "action": "mask",
-    "metric": "ratio",
-    "agg": "mean",
-    "upper": None,
-    "lower": None,
-}
+__all__ = ["RejectionSampling", "apply_rejection_sampling", "as_rejection_sampling"]
 
 
-def as_rejection_config(spec: Any) -> RejectionSamplingConfig | None:
-    """``spec`` as a validated :class:`RejectionSamplingConfig` (None stays None).
+@dataclass(frozen=True)
+class RejectionSampling:
+    """The rejection-sampling options, checked once (``ConfigError``, a ``ValueError``, naming
+    the field). The defaults are the loss's: token level, mask, ratio, mean, no bound (at least
+    one of ``upper``/``lower`` must be given).
 
-    A mapping or any object with the fields ``level``, ``action``, ``metric``, ``agg``,
-    ``upper``, ``lower`` is accepted; fields it lacks take the defaults of the loss function
-    (token level, mask, ratio, mean, no bound). Invalid values raise the config's one-line
-    ``ConfigError`` (a ``ValueError``) naming the field, e.g. ``lower: must be < upper``.
+    Attributes:
+        level: "token" or "sequence": act per token or per whole sequence.
+        action: "mask" (drop out-of-range tokens/sequences) or "clamp" (clamp the weight).
+        metric: the bounded quantity: "ratio" (``w``) or "kl_k1"/"kl_k2"/"kl_k3" of it.
+        agg: how a sequence-level metric aggregates its tokens: "mean", "sum" or "max".
+        upper, lower: the bounds (None: none).
     """
-    if spec is None or isinstance(spec, RejectionSamplingConfig):
+
+    level: str = "token"
+    action: str = "mask"
+    metric: str = "ratio"
+    agg: str = "mean"
+    upper: float | None = None
+    lower: float | None = None
+
+    def __post_init__(self) -> None:
+        check_rejection_sampling(
+            self.level, self.action, self.metric, self.agg, self.upper, self.lower
+        )
+
+
+def as_rejection_sampling(
+    spec: RejectionSampling | Mapping[str, Any] | None,
+) -> RejectionSampling | None:
+    """``spec`` as a checked :class:`RejectionSampling` (None stays None); a mapping gives
+    the fields it holds, the others take the loss's defaults.
+
+    Raises:
+        TypeError: ``spec`` is neither, or a mapping with a key that is no field.
+        ConfigError: an invalid value, one line naming the field.
+    """
+    if spec is None or isinstance(spec, RejectionSampling):
         return spec
-    if isinstance(spec, Mapping):
-        values = {k: spec.get(k, d) for k, d in _SPEC_DEFAULTS.items()}
-    else:
-        values = {k: getattr(spec, k, d) for k, d in _SPEC_DEFAULTS.items()}
-    return RejectionSamplingConfig(**values)
+    if not isinstance(spec, Mapping):
+        raise TypeError(
+            "rejection_sampling must be None, a RejectionSampling or a mapping of its fields, "
+            f"got {type(spec).__name__}"
+        )
+    names = {f.name for f in fields(RejectionSampling)}
+    unknown = sorted(set(spec) - names)
+    if unknown:
+        raise TypeError(
+            f"rejection_sampling: unknown field {unknown[0]!r} (fields: {sorted(names)})"
+        )
+    return RejectionSampling(**spec)
 
 
 def _in_bounds(metric: torch.Tensor, lower: float | None, upper: float | None) -> torch.Tensor:
@@ -59,7 +88,7 @@ def _in_bounds(metric: torch.Tensor, lower: float | None, upper: float | None) -
 
 
 def _sequence_metric(
-    cfg: RejectionSamplingConfig, vals: torch.Tensor, cand: torch.Tensor, n_row: torch.Tensor
+    cfg: RejectionSampling, vals: torch.Tensor, cand: torch.Tensor, n_row: torch.Tensor
 ) -> torch.Tensor:
     """The per-row ``[B, 1]`` aggregate of ``vals`` over the row's candidate tokens."""
     if cfg.agg == "sum":
@@ -73,7 +102,7 @@ def _sequence_metric(
 
 
 def apply_rejection_sampling(
-    cfg: RejectionSamplingConfig,
+    cfg: RejectionSampling,
     log_w: torch.Tensor,
     cand: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -82,7 +111,7 @@ def apply_rejection_sampling(
     """Apply ``cfg`` to the behaviour weights of the candidate tokens.
 
     Args:
-        cfg: a validated config (see :func:`as_rejection_config`).
+        cfg: the options (:class:`RejectionSampling`).
         log_w: float ``[B, T]`` log behaviour weight ``prox_logp - behave_logp``, 0 outside ``cand``.
         cand: bool ``[B, T]`` tokens still in the loss (valid and kept by M2PO).
         prox_logp, behave_logp: float ``[B, T]`` proximal / behaviour log-probs (for the KL

@@ -27,6 +27,7 @@ __all__ = [
     "TrainEngineConfig",
     "NormConfig",
     "RejectionSamplingConfig",
+    "check_rejection_sampling",
     "ActorConfig",
     "PPOActorConfig",
     "CriticConfig",
@@ -428,21 +429,39 @@ class RejectionSamplingConfig:
     lower: float | None = _field(None, "Lower bound (null: none).")
 
     def __post_init__(self) -> None:
-        _validate_choices(self)
-        _check_number("upper", self.upper, optional=True)
-        _check_number("lower", self.lower, optional=True)
-        if self.upper is None and self.lower is None:
-            raise ConfigError("upper", "at least one of upper/lower must be set")
-        if self.upper is not None and self.lower is not None and self.lower >= self.upper:
-            raise ConfigError("lower", f"must be < upper ({self.upper}), got {self.lower}")
-        if self.metric in ("ratio", "kl_k2", "kl_k3"):
-            # these metrics are never negative: a bound below 0 drops everything or nothing
-            if self.upper is not None and self.upper <= 0:
-                raise ConfigError("upper", f"must be > 0 for metric {self.metric!r}")
-            if self.lower is not None and self.lower < 0:
-                raise ConfigError("lower", f"must be >= 0 for metric {self.metric!r}")
-        if self.action == "clamp" and self.metric != "ratio":
-            raise ConfigError("action", "clamp is only defined for metric 'ratio'")
+        check_rejection_sampling(
+            self.level, self.action, self.metric, self.agg, self.upper, self.lower
+        )
+
+
+def check_rejection_sampling(
+    level: Any, action: Any, metric: Any, agg: Any, upper: Any, lower: Any
+) -> None:
+    """The one rule for rejection-sampling options, of the config section
+    (:class:`RejectionSamplingConfig`) and of the loss's plain values
+    (:class:`areal_m2po.algo.rejection_sampling.RejectionSampling`) alike.
+
+    Raises:
+        ConfigError: naming the field, e.g. ``lower: must be < upper (1.0), got 1.0``.
+    """
+    _check_choice("level", level, IMPORTANCE_SAMPLING_LEVELS)
+    _check_choice("action", action, REJECTION_ACTIONS)
+    _check_choice("metric", metric, REJECTION_METRICS)
+    _check_choice("agg", agg, REJECTION_AGGS)
+    _check_number("upper", upper, optional=True)
+    _check_number("lower", lower, optional=True)
+    if upper is None and lower is None:
+        raise ConfigError("upper", "at least one of upper/lower must be set")
+    if upper is not None and lower is not None and lower >= upper:
+        raise ConfigError("lower", f"must be < upper ({upper}), got {lower}")
+    if metric in ("ratio", "kl_k2", "kl_k3"):
+        # these metrics are never negative: a bound below 0 drops everything or nothing
+        if upper is not None and upper <= 0:
+            raise ConfigError("upper", f"must be > 0 for metric {metric!r}")
+        if lower is not None and lower < 0:
+            raise ConfigError("lower", f"must be >= 0 for metric {metric!r}")
+    if action == "clamp" and metric != "ratio":
+        raise ConfigError("action", "clamp is only defined for metric 'ratio'")
 
 
 @dataclass
@@ -491,8 +510,8 @@ class ActorConfig(TrainEngineConfig):
         None,
         "Custom actor loss 'package.module:function' (the ActorLossFn contract in "
         "areal_m2po/trainer/ppo/loss_fn.py: it gets the log-probs, entropy and the prepared "
-        "micro-batch with prox_logp and the M2PO mask, returns the loss and stats); null = the "
-        "library's clipped PPO / SAPO loss.",
+        "micro-batch with behave_logp, prox_logp and the M2PO mask, returns the loss and stats); "
+        "null = the library's clipped PPO / SAPO loss.",
     )
     sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
     sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")
@@ -904,6 +923,14 @@ class RolloutConfig:
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
+    logp_mismatch_freq: int = _field(
+        0,
+        "sync mode with staleness >= 1: every this many steps, the trainer also computes its "
+        "log-probs of the batch just generated (at the version that generated it) and logs "
+        "rollout/logp_mismatch_* (engine vs trainer log-probs; one extra forward pass). "
+        "Other set-ups log them from the proximal forward pass at no extra cost. 0 = never "
+        "(docs/rollout.md).",
+    )
     server_addrs: list[str] | None = _field(
         None,
         "async mode: host:port of running rollout servers (ours or SGLang's). null: the "
@@ -963,6 +990,14 @@ class RolloutConfig:
                 f"must be >= staleness ({self.staleness}), got {self.max_head_offpolicyness}",
             )
         _check_bool("dynamic_filtering", self.dynamic_filtering)
+        _check_number("logp_mismatch_freq", self.logp_mismatch_freq, ge=0, integer=True)
+        if self.logp_mismatch_freq and (self.mode != "sync" or self.staleness == 0):
+            raise ConfigError(
+                "logp_mismatch_freq",
+                f"only sync mode with staleness >= 1 needs the extra forward pass (here mode="
+                f"{self.mode}, staleness={self.staleness}: the proximal pass measures it); "
+                f"set 0, got {self.logp_mismatch_freq}",
+            )
         _validate_section(self, "vllm", VLLMConfig)
         if self.backend == "vllm":
             self._check_vllm_importable()

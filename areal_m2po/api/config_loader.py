@@ -372,6 +372,14 @@ def save_config(cfg: Any, path: str | os.PathLike[str]) -> Path:
     return target
 
 
+OPTIONS_HELP = """\
+options:
+  --config FILE.yaml  YAML file with any subset of the keys below (may be repeated)
+  --print-config      print the resolved config as YAML and exit
+  -h, --help          show this help and exit
+"""
+"""The options part of every entry point's ``--help`` (:func:`format_help` appends it)."""
+
 _USAGE = """\
 usage: python -m areal_m2po.train [--config FILE.yaml] [--print-config] [-h]
                                   [KEY=VALUE | --KEY=VALUE | --KEY VALUE ...]
@@ -380,11 +388,6 @@ Train a Hugging Face causal LM with PPO/GRPO and M2PO. Settings come from the de
 then --config FILE.yaml, then the KEY=VALUE overrides (the three forms are equivalent).
 Values are YAML: null, true/false, numbers, [a, b]; ${a.b} interpolates another key.
 Setting a key inside a null section (actor.rejection_sampling.upper=5) creates the section.
-
-options:
-  --config FILE.yaml  YAML file with any subset of the keys below (may be repeated)
-  --print-config      print the resolved config as YAML and exit
-  -h, --help          show this help and exit
 """
 
 
@@ -406,12 +409,13 @@ def _help_lines(record: ConfigKey, wrap: textwrap.TextWrapper) -> list[str]:
 def format_help(cls: type = PPOConfig, usage: str | None = None) -> str:
     """The ``--help`` text: every field by section with its type, effective default and help.
 
-    ``usage`` replaces the head (the usage line and options) of ``python -m areal_m2po.train``.
+    ``usage`` replaces the head (usage line and description) of ``python -m areal_m2po.train``;
+    :data:`OPTIONS_HELP` follows it.
     """
     wrap = textwrap.TextWrapper(width=100, initial_indent="      ", subsequent_indent="      ")
     body = [line for record in config_keys(cls) for line in _help_lines(record, wrap)]
     head = _USAGE if usage is None else usage
-    return f"{head}\n[top level] {cls.__name__}\n" + "\n".join(body) + "\n"
+    return f"{head}\n{OPTIONS_HELP}\n[top level] {cls.__name__}\n" + "\n".join(body) + "\n"
 
 
 def _one_line(exc: BaseException) -> str:

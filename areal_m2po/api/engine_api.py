@@ -182,7 +182,16 @@ class InferenceEngine(abc.ABC):
     loading a model), ``destroy()`` once at the end (idempotent; it must not raise when
     ``initialize`` failed half-way). Versions: a fresh engine holds version 0 unless
     ``initialize``/``set_version`` says otherwise; every ``update_weights_*`` call sets it.
+
+    Attributes:
+        exact_logprobs: True only when the behaviour log-probs are the trainer's own (the same
+            model code on the same weights and dtype, equal up to batching order), as for the
+            in-process Hugging Face engine. False (the default, and vLLM's and SGLang's case:
+            their own kernels): the trainer recomputes the proximal log-probs even of
+            on-policy batches and logs the difference as ``rollout/logp_mismatch_*``.
     """
+
+    exact_logprobs: bool = False
 
     def initialize(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Get ready to serve (start or reach servers, load the model). Default: nothing."""

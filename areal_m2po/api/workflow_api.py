@@ -158,6 +158,10 @@ class WorkflowContext:
 class RolloutWorkflow(abc.ABC):
     """The rollout of one dataset record (see the module doc)."""
 
+    eval_metrics: tuple[str, ...] = ()
+    """Names of the values :meth:`aevaluate` returns besides ``correct``; the trainer logs the
+    mean of each over the held-out records as ``eval/<name>``."""
+
     @abc.abstractmethod
     async def arun_episode(
         self, engine: InferenceEngine, record: dict[str, Any]
@@ -172,6 +176,19 @@ class RolloutWorkflow(abc.ABC):
         in one line); score failures that should not, catch and score.
         """
 
+    async def aevaluate(
+        self, engine: InferenceEngine, record: dict[str, Any]
+    ) -> dict[str, float] | None:
+        """Held-out evaluation of one record (the trainer's ``evaluator``), or None.
+
+        None (the default): the executor evaluates the record itself, with one greedy
+        completion of the prompt scored by the verifiable reward. A workflow whose episodes are
+        more than one completion overrides it to run one greedy episode of ``record`` and return
+        ``{"correct": 1.0 or 0.0, name: value for every name of eval_metrics}``; the trainer
+        logs the mean of ``correct`` as ``eval/accuracy``.
+        """
+        return None
+
     def finish_batch(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """Batch-level step after every episode of a training batch has finished.
 
@@ -182,3 +199,7 @@ class RolloutWorkflow(abc.ABC):
         the batch and all ranks). Returns metrics logged as they are. Default: nothing.
         """
         return {}
+
+    def close(self) -> None:  # noqa: B027 - optional, most workflows hold nothing
+        """Release what the workflow holds (a server, threads, files); the executor calls it
+        once from its own ``close``, before the engine is destroyed. Default: nothing."""

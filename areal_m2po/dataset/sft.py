@@ -14,8 +14,8 @@ the end of the turn (its end-of-turn token included). Without a template (or
 ``use_chat_template=False``) a prompt/completion record becomes ``prompt + completion`` encoded
 with the tokenizer's special tokens, and EOS is appended to the completion.
 
-Every problem is raised as a ``ValueError`` whose message is one line naming the file and line
-(or item/row) of the culprit, before any model loads.
+Bad input stops before any model loads, with a one-line ``ValueError`` that names the culprit's
+file and line (or item/row).
 """
 
 from __future__ import annotations

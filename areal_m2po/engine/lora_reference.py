@@ -12,7 +12,7 @@ __all__ = ["LoRABaseReference"]
 
 
 class LoRABaseReference:
-    """Reference log-probs from a LoRA engine's base weights (``compute_logprobs`` as a frozen
+    """Reference log-probs from a LoRA engine's base weights (``forward_tokens`` as a frozen
     reference engine has it): the weights the adapter started from, no second copy kept.
 
     Args:
@@ -24,9 +24,9 @@ class LoRABaseReference:
             raise ValueError("LoRABaseReference needs an engine with a LoRA adapter")
         self.engine = engine
 
-    def compute_logprobs(
+    def forward_tokens(
         self, batch: Batch, temperature: float, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs (and entropies) of the batch's tokens under the base model, float32
-        ``[B, T]`` (see :meth:`HFTrainEngine.compute_base_logprobs`)."""
-        return self.engine.compute_base_logprobs(batch, temperature, compute_entropy)  # type: ignore[no-any-return]
+        ``[B, T]`` (see :meth:`HFTrainEngine.forward_tokens_base`)."""
+        return self.engine.forward_tokens_base(batch, temperature, compute_entropy)  # type: ignore[no-any-return]

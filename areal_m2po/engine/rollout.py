@@ -194,6 +194,8 @@ class RolloutEngine:
         if self.pad_id not in eos_ids:
             # a sequence finished by a stop string is filled with pad after it
             gen_mask &= ~((gen == self.pad_id).long().cumsum(-1) > 0)
+        elif gconfig.stop:
+            _drop_fill_after_stop_string(self.tokenizer, gen, is_eos, gen_mask, gconfig.stop)
         no_eos = ~(is_eos & gen_mask).any(-1)
         if recorder is None:
             logp = torch.zeros(b, c, dtype=torch.float32, device=gen.device)
@@ -205,14 +207,14 @@ class RolloutEngine:
         input_ids = torch.where(full_attn, seqs, torch.full_like(seqs, self.pad_id))
         versions = torch.full_like(input_ids, -1)
         versions[loss_mask] = self.version
-        logprobs = torch.cat(
+        behave_logp = torch.cat(
             [torch.zeros(b, p, dtype=torch.float32, device=gen.device), logp * gen_mask], 1
         )
         return {
             "input_ids": input_ids.cpu(),
             "attention_mask": full_attn.cpu(),
             "loss_mask": loss_mask.cpu(),
-            "logprobs": logprobs.cpu(),
+            "behave_logp": behave_logp.cpu(),
             "versions": versions.cpu(),
             "no_eos": no_eos.cpu(),
         }
@@ -224,6 +226,34 @@ class RolloutEngine:
             toks = [int(t) for t in ids[mask].tolist() if int(t) not in self.eos_ids]
             texts.append(self.tokenizer.decode(toks, skip_special_tokens=True))
         return texts
+
+
+def _drop_fill_after_stop_string(
+    tokenizer: Any,
+    gen: torch.Tensor,
+    is_eos: torch.Tensor,
+    gen_mask: torch.Tensor,
+    stop: Iterable[str],
+) -> None:
+    """Unmask, in place, the pad that follows a stop string when pad is an EOS id.
+
+    HF fills a row that a stop string finished with pad; when pad is also EOS (SmolLM2's
+    ``<|im_end|>``), the first fill reads as a generated EOS. A row's first EOS is such a fill
+    when the tokens before it already contain a stop string (generation stops at the token
+    completing one, so that token is the last before the fill).
+
+    Args:
+        gen: generated ids [B, C]; is_eos: [B, C] bool; gen_mask: [B, C] bool, changed in place.
+    """
+    stops = list(stop)
+    first = is_eos.long().argmax(-1)  # [B] first EOS column (0 when the row has none)
+    for row in range(gen.shape[0]):
+        end = int(first[row])
+        if end == 0 or not bool(is_eos[row, end]):
+            continue
+        text = tokenizer.decode(gen[row, :end].tolist())
+        if any(s in text for s in stops):
+            gen_mask[row, end:] = False
 
 
 def _is_tied_alias(model: torch.nn.Module, name: str) -> bool:

@@ -284,7 +284,7 @@ class GenerationWorker:
             "weight_version": str(version),
         }
         if job.return_logprob:
-            lps = batch["logprobs"][row][mask].tolist()
+            lps = batch["behave_logp"][row][mask].tolist()
             meta["output_token_logprobs"] = [[float(lp), t, None] for lp, t in zip(lps, out_ids)]
         text = self.engine.tokenizer.decode(out_ids, skip_special_tokens=True)
         return {"text": text, "output_ids": out_ids, "meta_info": meta}

@@ -1,8 +1,10 @@
 """A Hugging Face causal LM trained through an ``accelerate.Accelerator``.
 
 The engine owns the model, optimizer and LR scheduler. It knows nothing about PPO: the actor
-hands it a batch, a loss function and a weight function, and the engine does micro-batching,
-gradient accumulation with global token weighting, clipping and the optimizer step.
+hands it a batch, a micro-batch loss and a weight function, and the engine does micro-batching,
+gradient accumulation with global token weighting, clipping and the optimizer step. Its forward
+(:meth:`HFTrainEngine.forward_tokens`) gives per-token outputs: log-probs and entropies for a
+policy, values for a critic (``forward_fn``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ __all__ = [
 
 logger = logging.getLogger("areal_m2po.engine")
 
-LossFn = Callable[[torch.Tensor, torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-"""``loss_fn(logprobs [b, t], entropy [b, t], micro_batch) -> (loss, stats)``: the loss of one
-micro-batch normalised by that micro-batch's own weight (e.g. a token mean)."""
+MicrobatchLoss = Callable[
+    [torch.Tensor, torch.Tensor, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
+"""``microbatch_loss(outputs [b, t], aux [b, t], micro_batch) -> (loss, stats)``: the loss of
+one micro-batch (``outputs``/``aux``: ``forward_fn``'s, e.g. log-probs and entropies) normalised
+by that micro-batch's own weight (e.g. a token mean)."""
 ForwardFn = Callable[[torch.nn.Module, Batch, float, bool], tuple[torch.Tensor, torch.Tensor]]
 """``forward_fn(model, micro_batch, temperature, compute_entropy) -> (per-token values [b, T],
 auxiliary [b, T])``: log-probs and entropies for a policy, values and zeros for a critic. With
@@ -94,7 +99,8 @@ def _as_f64(x: torch.Tensor | float) -> torch.Tensor:
 
 
 class HFTrainEngine:
-    """A trainable causal LM: forward log-probs, ``train_batch``, save/load, a version counter.
+    """A trainable causal LM: per-token forward (``forward_tokens``), ``train_batch``,
+    save/load, a version counter.
 
     Args:
         config: the model/optimizer section (actor or critic).
@@ -235,10 +241,13 @@ class HFTrainEngine:
         return [{k: v.index_select(0, i.to(v.device)) for k, v in batch.items()} for i in idx]
 
     @torch.no_grad()
-    def compute_logprobs(
+    def forward_tokens(
         self, batch: Batch, temperature: float, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs (and entropies) of the batch's generated tokens, float32 [B, T]."""
+        """``forward_fn`` over the whole batch without gradient, micro-batch by micro-batch:
+        ``(outputs, aux)``, float32 ``[B, T]``. A policy (the default ``forward_fn``) gives the
+        log-probs of the batch's tokens at ``temperature`` and their entropies (zeros unless
+        ``compute_entropy``); a critic gives its values and zeros."""
         self.model.eval()
         spec = self.config.mb_spec
         idx_list = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
@@ -318,7 +327,7 @@ class HFTrainEngine:
     def train_batch(
         self,
         batch: Batch,
-        loss_fn: LossFn,
+        microbatch_loss: MicrobatchLoss,
         loss_weight_fn: WeightFn,
         temperature: float = 1.0,
         total_weight: float | None = None,
@@ -349,7 +358,7 @@ class HFTrainEngine:
             )
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, stat_sums = self._accumulate_gradients(
-            mbs, weights, total_weight, loss_fn, temperature
+            mbs, weights, total_weight, microbatch_loss, temperature
         )
         clip = self.config.optimizer.gradient_clipping
         grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
@@ -372,7 +381,7 @@ class HFTrainEngine:
         mbs: list[Batch],
         weights: list[float],
         total_weight: float,
-        loss_fn: LossFn,
+        microbatch_loss: MicrobatchLoss,
         temperature: float,
     ) -> tuple[torch.Tensor | float, dict[str, torch.Tensor | float]]:
         """Forward and backward every micro-batch, each loss scaled by its share of the global
@@ -394,7 +403,7 @@ class HFTrainEngine:
             last = i == len(mbs) - 1 and n_idle == 0
             with self._grad_sync(last):
                 logp, ent = self._forward(mb, temperature, True)
-                loss, stats = loss_fn(logp, ent, mb)
+                loss, stats = microbatch_loss(logp, ent, mb)
                 loss = _with_graph(loss, logp)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
                 self.accelerator.backward(loss * scale)
@@ -468,14 +477,14 @@ class HFTrainEngine:
         return iter(self.unwrapped.state_dict().items())
 
     @torch.no_grad()
-    def compute_base_logprobs(
+    def forward_tokens_base(
         self, batch: Batch, temperature: float, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`compute_logprobs` of the base model, the LoRA adapter disabled (the KL
+        """:meth:`forward_tokens` of the base model, the LoRA adapter disabled (the KL
         reference policy of a LoRA actor, without a second copy of the weights)."""
-        assert self.lora, "compute_base_logprobs needs a LoRA engine"
+        assert self.lora, "forward_tokens_base needs a LoRA engine"
         with lora.adapter_disabled(self.unwrapped):
-            return self.compute_logprobs(batch, temperature, compute_entropy)
+            return self.forward_tokens(batch, temperature, compute_entropy)
 
     def lora_reference(self, ref: RefConfig, kl_ctl: float) -> Any:
         """The KL reference policy of a LoRA actor as its own base model, adapter disabled

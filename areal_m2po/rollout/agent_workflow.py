@@ -22,19 +22,20 @@ count them (``agent/untrained_calls``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from areal_m2po.api.engine_api import InferenceEngine
+from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
     TrajectoryGroup,
     WorkflowContext,
 )
-from areal_m2po.rollout.openai_proxy import AgentProxy
+from areal_m2po.rollout.openai_proxy import AgentProxy, AgentSession
 from areal_m2po.utils.imports import load_object
 
 __all__ = ["AgentFn", "AgentWorkflow"]
@@ -47,9 +48,15 @@ _KEY = "rollout.workflow_kwargs"
 class AgentWorkflow(RolloutWorkflow):
     """Runs a user's agent function against the endpoint (see the module doc).
 
+    The trainer's held-out evaluation runs the agent once per record with greedy calls
+    (:meth:`aevaluate`): ``eval/accuracy`` (reward > 0.5), ``eval/reward_mean``,
+    ``eval/calls_mean``.
+
     Raises:
         ValueError: one line naming the ``rollout.workflow_kwargs`` key that is wrong.
     """
+
+    eval_metrics = ("reward_mean", "calls_mean")
 
     def __init__(
         self,
@@ -76,12 +83,13 @@ class AgentWorkflow(RolloutWorkflow):
         )
         self.agent_name = getattr(self.agent, "__qualname__", repr(self.agent))
 
-    async def _episode(
-        self, engine: InferenceEngine, record: dict[str, Any]
-    ) -> tuple[Trajectory | None, int]:
+    async def _run_agent(
+        self, engine: InferenceEngine, record: dict[str, Any], sampling: SamplingParams
+    ) -> tuple[AgentSession, float]:
+        """One session of the agent on ``record``, its calls sampled with ``sampling``."""
         g = self.context.gconfig
         session = self.proxy.open_session(
-            engine, self.context.sampling, self.max_tokens_limit, g.temperature, g.top_p
+            engine, sampling, self.max_tokens_limit, g.temperature, g.top_p
         )
         try:
             reward = await self.agent(session.base_url, session.api_key, dict(record))
@@ -98,6 +106,25 @@ class AgentWorkflow(RolloutWorkflow):
             or not math.isfinite(reward)
         ):
             raise RuntimeError(f"agent {self.agent_name} returned {reward!r}, not a finite number")
+        return session, float(reward)
+
+    async def aevaluate(
+        self, engine: InferenceEngine, record: dict[str, Any]
+    ) -> dict[str, float] | None:
+        """One agent episode of ``record`` with greedy calls: ``correct`` (the agent's reward
+        exceeds 0.5), ``reward_mean`` (its reward) and ``calls_mean`` (the calls it made)."""
+        greedy = dataclasses.replace(self.context.sampling, temperature=0.0)
+        session, reward = await self._run_agent(engine, record, greedy)
+        return {
+            "correct": float(reward > 0.5),
+            "reward_mean": reward,
+            "calls_mean": float(len(session.calls)),
+        }
+
+    async def _episode(
+        self, engine: InferenceEngine, record: dict[str, Any]
+    ) -> tuple[Trajectory | None, int]:
+        session, reward = await self._run_agent(engine, record, self.context.sampling)
         if not session.calls:
             return None, 0
         if any(call.finish_reason == "abort" for call in session.calls):

@@ -151,7 +151,7 @@ class AsyncRolloutExecutor(RolloutExecutor):
                 asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(30)
                 self._thread.join(timeout=30)
         finally:
-            self.engine.destroy()
+            super().close()  # the workflow, then the engine
 
     # -- loop thread --------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], pad_id: int) -> Batch:
 
     Each row's first ``prompt_len`` tokens are left-padded to a common column ``P`` (the
     longest ``prompt_len``), the rest starts at ``P`` and is right-padded to the longest.
-    Returns ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``, ``versions``
+    Returns ``input_ids``, ``attention_mask``, ``loss_mask``, ``behave_logp``, ``versions``
     (``[N, T]``), ``rewards`` and ``no_eos`` (``[N]``); ``N = 0`` gives ``[0, 0]`` tensors.
     """
     trajs = [t for g in groups for t in g.trajectories]
@@ -46,7 +46,7 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], pad_id: int) -> Batch:
     input_ids = torch.full((n, p + c), pad_id, dtype=torch.long)
     attention = torch.zeros((n, p + c), dtype=torch.bool)
     loss_mask = torch.zeros((n, p + c), dtype=torch.bool)
-    logprobs = torch.zeros((n, p + c), dtype=torch.float32)
+    behave_logp = torch.zeros((n, p + c), dtype=torch.float32)
     versions = torch.full((n, p + c), -1, dtype=torch.long)
     for i, t in enumerate(trajs):
         start = p - t.prompt_len
@@ -55,13 +55,13 @@ def groups_to_batch(groups: Sequence[TrajectoryGroup], pad_id: int) -> Batch:
         attention[i, cols] = True
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
         loss_mask[i, cols] = mask
-        logprobs[i, cols] = torch.tensor(t.logprobs, dtype=torch.float32) * mask
+        behave_logp[i, cols] = torch.tensor(t.logprobs, dtype=torch.float32) * mask
         versions[i, cols] = torch.where(mask, torch.tensor(t.versions, dtype=torch.long), -1)
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
-        "logprobs": logprobs,
+        "behave_logp": behave_logp,
         "versions": versions,
         "rewards": torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32),
         "no_eos": torch.tensor([bool(t.no_eos) for t in trajs], dtype=torch.bool),

@@ -88,7 +88,11 @@ class RolloutExecutor(abc.ABC):
         """Run ``coro`` on the loop the engine is served from; its result."""
 
     def close(self) -> None:
-        self.engine.destroy()
+        """Close the workflow (its endpoint, threads), then destroy the engine."""
+        try:
+            self.workflow.close()
+        finally:
+            self.engine.destroy()
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -140,23 +144,49 @@ class RolloutExecutor(abc.ABC):
         )
         return groups_to_batch(kept, self.pad_id), info
 
-    def evaluate(self, records: Sequence[dict[str, Any]], batch_size: int) -> tuple[float, int]:
-        """``(correct, n)``: greedy completions of ``records`` (``batch_size`` at a time) whose
-        verifiable reward exceeds 0.5."""
+    def evaluate(self, records: Sequence[dict[str, Any]], batch_size: int) -> dict[str, float]:
+        """Sums over ``records`` (``batch_size`` at a time), held-out evaluation: ``n``,
+        ``correct`` and every name of the workflow's ``eval_metrics`` (always all present, so
+        ranks can reduce them in one order). A record is evaluated by the workflow's
+        :meth:`~areal_m2po.api.workflow_api.RolloutWorkflow.aevaluate` (a whole greedy
+        episode), or when that gives None by one greedy completion of its prompt, correct
+        when its verifiable reward exceeds 0.5."""
         return self.run(self._evaluate(list(records), batch_size))
 
-    async def _evaluate(self, records: list[dict[str, Any]], batch_size: int) -> tuple[float, int]:
-        ctx = self.context
-        greedy = SamplingParams.from_gconfig(ctx.gconfig, greedy=True)
-        correct = 0.0
+    async def _evaluate(self, records: list[dict[str, Any]], batch_size: int) -> dict[str, float]:
+        names = tuple(self.workflow.eval_metrics)
+        sums = dict.fromkeys(("n", "correct", *names), 0.0)
         for i in range(0, len(records), batch_size):
             chunk = records[i : i + batch_size]
-            responses = await asyncio.gather(
-                *(self.engine.agenerate(ModelRequest(list(r["prompt_ids"]), greedy)) for r in chunk)
+            results = await asyncio.gather(
+                *(self.workflow.aevaluate(self.engine, dict(r)) for r in chunk)
             )
-            texts = [
-                decode_completion(ctx.tokenizer, r.output_ids, ctx.eos_token_ids) for r in responses
-            ]
-            rewards, _ = await asyncio.to_thread(ctx.reward.score_verifiable, chunk, texts)
-            correct += float(sum(1.0 for x in rewards if x > 0.5))
-        return correct, len(records)
+            for r, result in zip(chunk, results):
+                if result is None:
+                    continue
+                missing = {"correct", *names} - set(result)
+                if missing:
+                    raise RuntimeError(
+                        f"rollout.workflow {self.workflow_name}: aevaluate returned no "
+                        f"{', '.join(sorted(missing))} for record {str(r.get('question'))[:60]!r}"
+                    )
+                for key in ("correct", *names):
+                    sums[key] += float(result[key])
+            plain = [r for r, result in zip(chunk, results) if result is None]
+            if plain:
+                sums["correct"] += await self._evaluate_single_turn(plain)
+            sums["n"] += len(chunk)
+        return sums
+
+    async def _evaluate_single_turn(self, records: list[dict[str, Any]]) -> float:
+        """How many greedy completions of ``records`` score a verifiable reward above 0.5."""
+        ctx = self.context
+        greedy = SamplingParams.from_gconfig(ctx.gconfig, greedy=True)
+        responses = await asyncio.gather(
+            *(self.engine.agenerate(ModelRequest(list(r["prompt_ids"]), greedy)) for r in records)
+        )
+        texts = [
+            decode_completion(ctx.tokenizer, r.output_ids, ctx.eos_token_ids) for r in responses
+        ]
+        rewards, _ = await asyncio.to_thread(ctx.reward.score_verifiable, records, texts)
+        return float(sum(1.0 for x in rewards if x > 0.5))

@@ -78,7 +78,9 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     if roll.backend == "vllm":
         from areal_m2po.rollout.vllm_factory import build_vllm_engine
 
-        engine: Any = build_vllm_engine(cfg, parts.tokenizer, parts.output_dir, parts.world)
+        engine: Any = build_vllm_engine(
+            cfg, parts.tokenizer, parts.output_dir, parts.world, parts.rank
+        )
         eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
     elif roll.mode == "async":
         engine = _remote_engine(cfg, parts)

@@ -68,7 +68,12 @@ class HFInferenceEngine(InferenceEngine):
         model: the policy (deep-copied; the copy is the behaviour policy).
         tokenizer: its tokenizer.
         device: where generation runs.
+
+    Its behaviour log-probs come from the trainer's own model code on a copy of its weights
+    (merged, with LoRA), so they are the trainer's up to batching order: ``exact_logprobs``.
     """
+
+    exact_logprobs = True
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.rollout = RolloutEngine(model, tokenizer, device)
@@ -132,7 +137,7 @@ class HFInferenceEngine(InferenceEngine):
         return ModelResponse(
             input_ids=list(req.input_ids),
             output_ids=out,
-            output_logprobs=[float(x) for x in batch["logprobs"][row][mask].tolist()],
+            output_logprobs=[float(x) for x in batch["behave_logp"][row][mask].tolist()],
             output_versions=[version] * len(out),
             finish_reason=finish,
             rid=req.rid,

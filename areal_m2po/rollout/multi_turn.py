@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
@@ -53,9 +53,15 @@ _KEY = "rollout.workflow_kwargs"
 class MultiTurnWorkflow(RolloutWorkflow):
     """Episodes of alternating policy and environment turns (see the module doc).
 
+    The trainer's held-out evaluation runs one greedy episode per record (:meth:`aevaluate`):
+    ``eval/accuracy`` is the episodes' success rate, with ``eval/tool_use_fraction``,
+    ``eval/second_turn_fraction`` and ``eval/turns_mean``.
+
     Raises:
         ValueError: one line naming the ``rollout.workflow_kwargs`` key that is wrong.
     """
+
+    eval_metrics = ("tool_use_fraction", "second_turn_fraction", "turns_mean")
 
     def __init__(
         self,
@@ -107,9 +113,13 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.appender.eos_ids |= set(context.eos_token_ids)
 
     async def _generate(
-        self, engine: InferenceEngine, ids: list[int], budget: int, stop: Sequence[str]
+        self,
+        engine: InferenceEngine,
+        base: SamplingParams,
+        ids: list[int],
+        budget: int,
+        stop: Sequence[str],
     ) -> Generated:
-        base = self.context.sampling
         sampling = dataclasses.replace(
             base,
             max_new_tokens=budget,
@@ -136,13 +146,13 @@ class MultiTurnWorkflow(RolloutWorkflow):
         return grade
 
     async def _episode(
-        self, engine: InferenceEngine, record: dict[str, Any]
+        self, engine: InferenceEngine, record: dict[str, Any], sampling: SamplingParams
     ) -> tuple[EpisodeTokens, float, str]:
         env = make_environment(self.environment, record, self._grader(record))
         finish: list[str] = []
 
         async def generate(ids: list[int], budget: int, stop: Sequence[str]) -> Generated:
-            out = await self._generate(engine, ids, budget, stop)
+            out = await self._generate(engine, sampling, ids, budget, stop)
             finish.append(out.finish_reason)
             return out
 
@@ -156,6 +166,33 @@ class MultiTurnWorkflow(RolloutWorkflow):
             self.max_total_tokens,
         )
         return episode, reward, finish[-1]
+
+    def _check_room(self, record: dict[str, Any]) -> int:
+        prompt_len = len(record["prompt_ids"])
+        if prompt_len >= self.max_total_tokens:
+            raise ValueError(
+                f"{_KEY}.max_total_tokens: {self.max_total_tokens} leaves no room after a "
+                f"{prompt_len}-token prompt"
+            )
+        return prompt_len
+
+    async def aevaluate(
+        self, engine: InferenceEngine, record: dict[str, Any]
+    ) -> dict[str, float] | None:
+        """One greedy episode of ``record``: ``correct`` (its reward before the discount
+        exceeds 0.5), ``tool_use_fraction`` (it made a tool call), ``second_turn_fraction``
+        (the policy took a second turn) and ``turns_mean`` (its policy turns)."""
+        self._check_room(record)
+        greedy = dataclasses.replace(self.context.sampling, temperature=0.0)
+        episode, reward, finish = await self._episode(engine, record, greedy)
+        if finish == "abort":
+            raise RuntimeError("the engine aborted a greedy evaluation episode")
+        return {
+            "correct": float(reward > 0.5),
+            "tool_use_fraction": float(episode.tool_calls > 0),
+            "second_turn_fraction": float(episode.policy_turns > 1),
+            "turns_mean": float(episode.policy_turns),
+        }
 
     def _trajectory(
         self, prompt_len: int, episode: EpisodeTokens, reward: float, finish: str
@@ -181,14 +218,10 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self, engine: InferenceEngine, record: dict[str, Any]
     ) -> TrajectoryGroup | None:
         """``gconfig.n_samples`` episodes of ``record``; None when the engine aborted one."""
-        prompt_len = len(record["prompt_ids"])
-        if prompt_len >= self.max_total_tokens:
-            raise ValueError(
-                f"{_KEY}.max_total_tokens: {self.max_total_tokens} leaves no room after a "
-                f"{prompt_len}-token prompt"
-            )
+        prompt_len = self._check_room(record)
         n = self.context.gconfig.n_samples
-        results = await asyncio.gather(*(self._episode(engine, record) for _ in range(n)))
+        sampling = self.context.sampling
+        results = await asyncio.gather(*(self._episode(engine, record, sampling) for _ in range(n)))
         if any(finish == "abort" for _, _, finish in results):
             return None
         trajectories = [self._trajectory(prompt_len, *result) for result in results]

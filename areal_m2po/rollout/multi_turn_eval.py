@@ -1,8 +1,9 @@
 """Greedy evaluation of multi-turn episodes: success rate, tool use and second turns.
 
-The trainer's in-training evaluation is single-turn (one greedy completion of the prompt);
-this runs the whole episode of :class:`~areal_m2po.rollout.multi_turn.MultiTurnWorkflow`
-greedily, one episode per record, and reports what the tool-use demo measures.
+The trainer's in-training evaluation of ``rollout.workflow=multi_turn`` runs the same greedy
+episodes (:meth:`~areal_m2po.rollout.multi_turn.MultiTurnWorkflow.aevaluate`); this runs them
+on any engine and model outside a training run (``scripts/eval_multi_turn.py``), one episode
+per record, and reports what the tool-use demo measures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
+from areal_m2po.api.engine_api import InferenceEngine
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
 
@@ -50,23 +51,20 @@ async def evaluate_multi_turn(
     """One greedy episode per record (``batch_size`` at a time) with ``workflow_kwargs``."""
     if not records:
         raise ValueError("evaluate_multi_turn: no records")
-    greedy = dataclasses.replace(
-        context,
-        gconfig=dataclasses.replace(context.gconfig, n_samples=1),
-        sampling=SamplingParams.from_gconfig(context.gconfig, greedy=True),
-    )
-    workflow = MultiTurnWorkflow(greedy, **workflow_kwargs)
-    solved = tool = second = turns = 0.0
+    workflow = MultiTurnWorkflow(context, **workflow_kwargs)
+    sums = dict.fromkeys(("correct", *workflow.eval_metrics), 0.0)
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        groups = await asyncio.gather(*(workflow.arun_episode(engine, dict(r)) for r in chunk))
-        for group in groups:
-            if group is None:
-                raise RuntimeError("evaluate_multi_turn: the engine aborted an episode")
-            info = group.trajectories[0].info
-            solved += float(info["raw_reward"] > 0.5)
-            tool += float(info["tool_calls"] > 0)
-            second += float(info["turns"] > 1)
-            turns += float(info["turns"])
+        results = await asyncio.gather(*(workflow.aevaluate(engine, dict(r)) for r in chunk))
+        for result in results:
+            assert result is not None  # MultiTurnWorkflow always evaluates episodes
+            for key in sums:
+                sums[key] += result[key]
     n = len(records)
-    return EpisodeEval(n, solved / n, tool / n, second / n, turns / n)
+    return EpisodeEval(
+        n,
+        sums["correct"] / n,
+        sums["tool_use_fraction"] / n,
+        sums["second_turn_fraction"] / n,
+        sums["turns_mean"] / n,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError, PPOConfig
+from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.engine_api import InferenceEngine
 from areal_m2po.engine.builtin_models import resolve_model_path
 
@@ -13,18 +13,12 @@ __all__ = ["build_vllm_engine"]
 
 
 def build_vllm_engine(
-    cfg: PPOConfig, tokenizer: Any, output_dir: str, world: int = 1
+    cfg: PPOConfig, tokenizer: Any, output_dir: str, world: int = 1, rank: int = 0
 ) -> InferenceEngine:
-    """The engine of ``cfg.rollout.vllm`` (not yet initialized) for one of ``world`` trainer
-    processes: in process, each process has its own engine (its own GPU share); servers are
-    shared, and run with one trainer process for now (each process would reload them)."""
+    """The engine of ``cfg.rollout.vllm`` (not yet initialized) for trainer process ``rank``
+    of ``world``: in process, each process has its own engine (its own GPU share); servers are
+    shared by all processes, and rank 0 drives them (starts them, pushes the weights)."""
     roll, v = cfg.rollout, cfg.rollout.vllm
-    if roll.vllm_placement == "servers" and world > 1:
-        raise ConfigError(
-            "rollout.vllm.placement",
-            f"servers runs with one trainer process for now, this run has {world}; use "
-            "placement=in_process (one engine per process) or launch one trainer process",
-        )
     model_path = resolve_model_path(cfg.actor.path)
     tok_path = resolve_model_path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path
     max_len = v.max_model_len or cfg.train_dataset.max_prompt_length + cfg.gconfig.max_new_tokens
@@ -73,4 +67,6 @@ def build_vllm_engine(
         servers=servers,
         n_servers=roll.n_servers,
         log_dir=os.path.join(output_dir, "logs"),
+        rank=rank,
+        world=world,
     )

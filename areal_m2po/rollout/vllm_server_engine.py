@@ -18,6 +18,13 @@ Weight updates (:meth:`VLLMServerEngine.update_weights_from_disk`), on every ser
 Faults: a failed request, a server that exited or that does not answer ``/health`` raise
 :class:`~areal_m2po.rollout.remote_engine.RolloutServerError`, one line naming the server
 (``rollout server <addr>: ...``), which the trainer reports with the last good checkpoint.
+
+Several trainer processes (DDP or FSDP2, ``world > 1``) share the servers: each generates its
+share of the batch on them, and rank 0 alone drives them (starts them, writes the weights,
+reloads, labels, pauses). Every rank calls :meth:`~VLLMServerEngine.initialize` and the weight,
+version and pause calls together (each rank consumes the weight iterator, which may be a
+sharded model's gather); rank 0 then broadcasts the servers' addresses, or the one-line error
+it got, so every rank waits for the servers and stops with the same line.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from areal_m2po.rollout.vllm_engine import eos_ids_of
 from areal_m2po.rollout.vllm_servers import VLLMServerOptions, VLLMServerProcesses
 from areal_m2po.rollout.vllm_setup import cuda_available
 from areal_m2po.rollout.vllm_weights import with_tied_head
+from areal_m2po.utils import dist
 
 __all__ = ["VLLMServerEngine", "VLLMServerEngineOptions", "sampling_payload", "span_versions"]
 
@@ -112,6 +120,8 @@ class VLLMServerEngine(InferenceEngine):
         servers: how to start the servers here.
         n_servers: servers to start.
         log_dir: their logs.
+        rank, world: this trainer process and how many share the servers (rank 0 drives
+            them).
     """
 
     def __init__(
@@ -123,6 +133,8 @@ class VLLMServerEngine(InferenceEngine):
         servers: VLLMServerOptions | None = None,
         n_servers: int = 1,
         log_dir: str = "logs",
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         if not addrs and servers is None:
             raise ValueError("VLLMServerEngine: give addrs or servers")
@@ -140,6 +152,7 @@ class VLLMServerEngine(InferenceEngine):
         self._running.set()
         self._clients: dict[int, httpx.AsyncClient] = {}
         self._ready = False
+        self.rank, self.world = rank, world
 
     @property
     def addrs(self) -> list[str]:
@@ -148,16 +161,41 @@ class VLLMServerEngine(InferenceEngine):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def initialize(self) -> None:
-        """Start the servers (if asked), wait for ``/health``, label them with the version."""
+        """Start the servers (if asked), wait for ``/health``, label them with the version
+        (rank 0; the other ranks get the addresses from it)."""
         if self._ready:
             return
-        if self._launch is not None and self.processes is None:
-            servers, n, log_dir = self._launch
-            assert servers is not None
-            self.processes = VLLMServerProcesses(n, servers, log_dir, cuda_available())
-            self._addrs = self.processes.addrs
-        asyncio.run(self._setup())
+
+        def start() -> None:
+            if self._launch is not None and self.processes is None:
+                servers, n, log_dir = self._launch
+                assert servers is not None
+                self.processes = VLLMServerProcesses(n, servers, log_dir, cuda_available())
+                self._addrs = self.processes.addrs
+            asyncio.run(self._setup())
+
+        self._drive(start)
+        if self.world > 1:
+            self._addrs = list(dist.broadcast_object(self._addrs))
         self._ready = True
+
+    def _drive(self, action: Any) -> None:
+        """Run ``action()`` (work on the servers) on rank 0 only. With several ranks, every
+        rank waits for it and raises the :class:`RolloutServerError` it raised there."""
+        if self.world == 1:
+            action()
+            return
+        error: BaseException | None = None
+        if self.rank == 0:
+            try:
+                action()
+            except Exception as exc:  # reported to every rank, then raised here
+                error = exc
+        message = dist.broadcast_object(None if error is None else str(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise RolloutServerError(message)
 
     async def _setup(self) -> None:
         async with httpx.AsyncClient(timeout=self.options.request_timeout) as http:
@@ -295,18 +333,15 @@ class VLLMServerEngine(InferenceEngine):
         asyncio.run(run())
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
-        _, stamp = read_weights(path)
-        if stamp is not None and stamp != version:
-            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
-        self.initialize()  # a resume loads the checkpoint's weights before the executor starts
-        was_running = self._running.is_set()
-        self._running.clear()  # requests cut short wait here until every server has the weights
-        try:
+        def reload() -> None:
+            _, stamp = read_weights(path)
+            if stamp is not None and stamp != version:
+                raise ValueError(
+                    f"weight version {version} != the version {stamp} stamped in {path}"
+                )
             self._run(self._reload, os.path.abspath(path), version)
-            self._version = int(version)
-        finally:
-            if was_running:
-                self._running.set()
+
+        self._reload_with(reload, version)
 
     def update_weights_from_tensors(
         self,
@@ -314,13 +349,35 @@ class VLLMServerEngine(InferenceEngine):
         version: int,
     ) -> None:
         """Write the tensors once (``weights_root/v<version>``, the tied head included), have
-        every server load them, delete older versions."""
+        every server load them, delete older versions (rank 0; every rank consumes
+        ``named_tensors``, which may be a sharded model's gather)."""
         pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        state = dict(with_tied_head(pairs, self._is_tied()))
-        path = write_weights(state, self.options.weights_root, version)
-        del state
-        self.update_weights_from_disk(path, version)
-        prune_weights(self.options.weights_root, version)
+        state: dict[str, torch.Tensor] = {}
+        if self.rank == 0:
+            state = dict(with_tied_head(pairs, self._is_tied()))
+        else:
+            for _ in pairs:
+                pass
+
+        def write_and_reload() -> None:
+            path = write_weights(state, self.options.weights_root, version)
+            state.clear()
+            self._run(self._reload, path, version)
+            prune_weights(self.options.weights_root, version)
+
+        self._reload_with(write_and_reload, version)
+
+    def _reload_with(self, reload: Any, version: int) -> None:
+        """Run ``reload()`` (rank 0) with generation held, then hold ``version``."""
+        self.initialize()  # a resume loads the checkpoint's weights before the executor starts
+        was_running = self._running.is_set()
+        self._running.clear()  # requests cut short wait here until every server has the weights
+        try:
+            self._drive(reload)
+            self._version = int(version)
+        finally:
+            if was_running:
+                self._running.set()
 
     def _is_tied(self) -> bool:
         if self._tied is None:
@@ -336,20 +393,20 @@ class VLLMServerEngine(InferenceEngine):
         async def pause_one(http: httpx.AsyncClient, addr: str) -> None:
             await self._post(http, addr, "/pause?mode=abort")
 
-        self._run(pause_one)
+        self._drive(lambda: self._run(pause_one))
 
     def resume(self) -> None:
         async def resume_one(http: httpx.AsyncClient, addr: str) -> None:
             await self._post(http, addr, "/resume")
 
-        self._run(resume_one)
+        self._drive(lambda: self._run(resume_one))
         self._running.set()
 
     def get_version(self) -> int:
         return self._version
 
     def set_version(self, version: int) -> None:
-        self._run(self._label, int(version))
+        self._drive(lambda: self._run(self._label, int(version)))
         self._version = int(version)
 
     def check_health(self) -> None:

@@ -33,6 +33,7 @@ from areal_m2po.trainer.run_setup import (
     start_run,
     write_run_config,
 )
+from areal_m2po.trainer.step_loop import StepLoop, epoch_loader
 from areal_m2po.utils import dist
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
@@ -50,8 +51,9 @@ def _load_pairs(
     return tokenize_preference_pairs(records, tokenizer, max_length, dcfg.use_chat_template)
 
 
-class RWTrainer:
-    """Builds data, model and optimizer from an :class:`RWConfig` and runs the step loop."""
+class RWTrainer(StepLoop):
+    """Builds data, model and optimizer from an :class:`RWConfig` and runs the step loop (its
+    bookkeeping: :class:`~areal_m2po.trainer.step_loop.StepLoop`; no recover checkpoints)."""
 
     def __init__(self, config: RWConfig) -> None:
         self.config = cfg = config
@@ -66,7 +68,6 @@ class RWTrainer:
         self.step = 0
 
     def _build_data(self) -> None:
-        from areal_m2po.dataset import PromptLoader
         from areal_m2po.reward.reward_model import load_reward_tokenizer
 
         cfg = self.config
@@ -77,17 +78,8 @@ class RWTrainer:
             if cfg.valid_dataset is not None
             else []
         )
-        batch = cfg.train_dataset.batch_size
-        check_batch_split(batch, self.world)
-        self.loader = PromptLoader(
-            self.train_pairs,
-            batch_size=batch,
-            shuffle=cfg.train_dataset.shuffle,
-            seed=cfg.seed,
-            drop_last=cfg.train_dataset.drop_last,
-        )
-        steps = self.loader.steps_per_epoch * cfg.total_train_epochs
-        self.total_steps = min(steps, cfg.total_train_steps) if cfg.total_train_steps else steps
+        check_batch_split(cfg.train_dataset.batch_size, self.world)
+        self.loader, self.total_steps = epoch_loader(self.train_pairs, cfg)
 
     def _build_model(self) -> None:
         from areal_m2po.engine.optim import build_optimizer
@@ -250,22 +242,7 @@ class RWTrainer:
         )
         if cfg.evaluator.eval_at_start and self.valid_pairs:
             self.stats_logger.log(0, self.evaluate())
-        while self.step < self.total_steps:
-            t0 = time.perf_counter()
-            batch, epoch = self.loader.next_batch()
-            stats = self.train_step(self._local_rows(batch))
-            stats["train/epoch"] = float(epoch)
-            self.step += 1
-            last = self.step == self.total_steps
-            freq = cfg.evaluator.freq_steps
-            if (freq and self.step % freq == 0) or (last and cfg.evaluator.eval_at_end):
-                stats.update(self.evaluate())
-            if cfg.saver.freq_steps and self.step % cfg.saver.freq_steps == 0:
-                self.save_hf(f"step_{self.step}")
-            stats["timing/step_s"] = time.perf_counter() - t0
-            self.stats_logger.log(self.step, stats)
-        if cfg.saver.save_at_end:
-            self.save_hf("final")
+        self._run_epochs("train/epoch", lambda stats: False)
 
     def close(self) -> None:
         """The loggers, then the process group (:func:`dist.end_process_group`); idempotent."""

@@ -38,6 +38,7 @@ from areal_m2po.trainer.run_setup import (
     start_run,
     write_run_config,
 )
+from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
@@ -45,7 +46,7 @@ from areal_m2po.utils.sft_loss import sft_nll_loss
 
 logger = logging.getLogger("areal_m2po.sft_trainer")
 
-__all__ = ["SFT_MUST_MATCH", "SFTTrainer", "run", "sft_loss_fn", "sft_loss_weight"]
+__all__ = ["SFT_MUST_MATCH", "SFTTrainer", "run", "sft_loss_weight", "sft_microbatch_loss"]
 
 SFT_MUST_MATCH = (
     "seed",
@@ -57,12 +58,13 @@ SFT_MUST_MATCH = (
 """Config items a resumed SFT run must share with the run that wrote the checkpoint."""
 
 
-def sft_loss_fn(
-    logprobs: torch.Tensor, entropy: torch.Tensor, mb: Batch
+def sft_microbatch_loss(
+    logp: torch.Tensor, entropy: torch.Tensor, mb: Batch
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The engine's ``LossFn`` for SFT: :func:`sft_nll_loss` on the micro-batch's loss mask."""
+    """The engine's ``MicrobatchLoss`` for SFT: :func:`sft_nll_loss` on the micro-batch's
+    loss mask."""
     del entropy
-    return sft_nll_loss(logprobs, mb["loss_mask"])
+    return sft_nll_loss(logp, mb["loss_mask"])
 
 
 def sft_loss_weight(mb: Batch) -> float:
@@ -87,8 +89,9 @@ def _load_examples(
     return tokenize_sft_records(records, tokenizer, max_length, dcfg.use_chat_template)
 
 
-class SFTTrainer:
-    """Builds data, engine and checkpoints from an :class:`SFTConfig` and runs the step loop."""
+class SFTTrainer(RecoverableStepLoop):
+    """Builds data, engine and checkpoints from an :class:`SFTConfig` and runs the step loop
+    (its bookkeeping: :class:`~areal_m2po.trainer.step_loop.RecoverableStepLoop`)."""
 
     def __init__(self, config: SFTConfig) -> None:
         self.config = cfg = config
@@ -115,7 +118,6 @@ class SFTTrainer:
     def _build_data(self) -> None:
         from transformers import AutoTokenizer
 
-        from areal_m2po.dataset import PromptLoader
         from areal_m2po.engine.builtin_models import resolve_model_path
 
         cfg = self.config
@@ -132,22 +134,13 @@ class SFTTrainer:
             if cfg.valid_dataset is not None
             else []
         )
-        batch = cfg.train_dataset.batch_size
-        check_batch_split(batch, self.world)
+        check_batch_split(cfg.train_dataset.batch_size, self.world)
         if self.world > 1 and not cfg.train_dataset.drop_last:
             raise ValueError(
                 "train_dataset.drop_last must be true with several processes (an epoch's last, "
                 "smaller batch would not split evenly over the ranks)"
             )
-        self.loader = PromptLoader(
-            self.train_examples,
-            batch_size=batch,
-            shuffle=cfg.train_dataset.shuffle,
-            seed=cfg.seed,
-            drop_last=cfg.train_dataset.drop_last,
-        )
-        steps = self.loader.steps_per_epoch * cfg.total_train_epochs
-        self.total_steps = min(steps, cfg.total_train_steps) if cfg.total_train_steps else steps
+        self.loader, self.total_steps = epoch_loader(self.train_examples, cfg)
 
     def _collate(self, examples: list[dict[str, Any]]) -> Batch:
         from areal_m2po.dataset.sft import collate_sft
@@ -163,7 +156,9 @@ class SFTTrainer:
     def train_step(self, examples: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step on this rank's ``examples`` (the global batch's token mean)."""
         batch = self._collate(examples)
-        train_stats, loss_stats = self.engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+        train_stats, loss_stats = self.engine.train_batch(
+            batch, sft_microbatch_loss, sft_loss_weight
+        )
         self.engine.version += 1
         n_tokens = float(dist.all_reduce_sum(batch["loss_mask"].sum().double().reshape(1))[0])
         nll = loss_stats.get("nll", math.nan)
@@ -190,7 +185,7 @@ class SFTTrainer:
         sums = torch.zeros(2, dtype=torch.float64)
         for i in range(n_chunks):
             batch = self._collate(mine[i * bs : (i + 1) * bs])
-            logp, _ = self.engine.compute_logprobs(batch, 1.0)
+            logp, _ = self.engine.forward_tokens(batch, 1.0)
             mask = batch["loss_mask"]
             sums += torch.stack([-(logp.double() * mask).sum(), mask.sum().double()])
         total = dist.all_reduce_sum(sums)
@@ -203,11 +198,7 @@ class SFTTrainer:
         }
 
     def save_hf(self, tag: str) -> str:
-        path = os.path.join(self.output_dir, "checkpoints", tag)
-        self.engine.save_hf(path, self.tokenizer)
-        if self.is_main:
-            logger.info("saved model (HF format) to %s", path)
-        return path
+        return self._save_engine_hf(self.engine, tag, "model")
 
     # -- state (recover checkpoints) ----------------------------------------------------------
 
@@ -234,29 +225,7 @@ class SFTTrainer:
             ("rank", lambda state: recover.restore_rng(state["rng"])),
         ]
 
-    def save_checkpoint(self) -> str:
-        """Write a recover checkpoint after ``self.step`` (every rank calls it). Its path."""
-        return self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir))
-
-    def resume(self) -> bool:
-        """Load the recover checkpoint ``recover.mode`` asks for; True when one was loaded."""
-        path = self.checkpoints.to_resume()
-        if path is not None:
-            self.checkpoints.load(path, self._state_loaders(path))
-        return path is not None
-
     # -- loop ---------------------------------------------------------------------------------
-
-    def train(self) -> None:
-        restore_handler = recover.install_sigterm_handler(self._on_sigterm)
-        try:
-            self._train()
-        finally:
-            restore_handler()
-
-    def _on_sigterm(self) -> None:
-        self.stop_requested = True
-        logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
 
     def _train(self) -> None:
         cfg = self.config
@@ -275,39 +244,9 @@ class SFTTrainer:
         )
         if cfg.evaluator.eval_at_start and self.step == 0 and self.valid_examples:
             self.stats_logger.log(0, self.evaluate())
-        while self.step < self.total_steps:
-            t0 = time.perf_counter()
-            examples, epoch = self.loader.next_batch()
-            stats = self.train_step(self._local_rows(examples))
-            stats["sft/epoch"] = float(epoch)
-            self.step += 1
-            last = self.step == self.total_steps
-            freq = cfg.evaluator.freq_steps
-            if (freq and self.step % freq == 0) or (last and cfg.evaluator.eval_at_end):
-                stats.update(self.evaluate())
-            if cfg.saver.freq_steps and self.step % cfg.saver.freq_steps == 0:
-                self.save_hf(f"step_{self.step}")
-            stats["timing/step_s"] = time.perf_counter() - t0
-            self.stats_logger.log(self.step, stats)
-            if self._after_step(stats):
-                break
-        if cfg.saver.save_at_end and not self.stop_requested:
-            self.save_hf("final")
-
-    def _after_step(self, stats: dict[str, float]) -> bool:
-        """Recover checkpoints after a logged step; True: stop (SIGTERM)."""
-        cfg = self.config
-        stop = self.stop_requested
-        if dist.is_distributed():  # a signal may reach only some ranks
-            stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
-        periodic = (
-            cfg.recover.mode != "disabled"
-            and self.step % cfg.recover.freq_steps == 0
-            and not stats.get("sft/skipped", 0.0)
+        self._run_epochs(
+            "sft/epoch", lambda stats: self._checkpoint_after_step(not stats.get("sft/skipped"))
         )
-        if periodic or stop:
-            self.save_checkpoint()
-        return stop
 
     def close(self) -> None:
         self.stats_logger.close()

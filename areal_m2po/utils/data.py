@@ -8,7 +8,7 @@ column ``P`` common to all rows, then right padding after EOS::
     input_ids       int64 [B, T]   token ids (pad where attention_mask is False)
     attention_mask  bool  [B, T]   True on real tokens
     loss_mask       bool  [B, T]   True on generated tokens (EOS included)
-    logprobs        float [B, T]   behaviour log-prob of each generated token (0 elsewhere), nats
+    behave_logp     float [B, T]   behaviour log-prob of each generated token (0 elsewhere), nats
     versions        int64 [B, T]   policy version that generated each token (-1 elsewhere)
     rewards         float [B]      sequence reward
     no_eos          bool  [B]      True when the sample hit max_new_tokens without EOS
@@ -21,6 +21,25 @@ from __future__ import annotations
 import torch
 
 Batch = dict[str, torch.Tensor]
+
+LEGACY_KEYS = {"logprobs": "behave_logp"}
+"""Old batch key -> its name now (the behaviour log-probs were ``logprobs`` up to 2026-12;
+recover checkpoints of that time hold queued batches with the old name)."""
+
+
+def with_current_keys(batch: Batch) -> Batch:
+    """``batch`` with every :data:`LEGACY_KEYS` key renamed (the same dict when none is there).
+
+    Raises:
+        KeyError: the batch holds both an old key and its new name.
+    """
+    old = [k for k in LEGACY_KEYS if k in batch]
+    if not old:
+        return batch
+    clash = [k for k in old if LEGACY_KEYS[k] in batch]
+    if clash:
+        raise KeyError(f"batch holds both {clash[0]!r} and {LEGACY_KEYS[clash[0]]!r}")
+    return {LEGACY_KEYS.get(k, k): v for k, v in batch.items()}
 
 
 def batch_size(batch: Batch) -> int:

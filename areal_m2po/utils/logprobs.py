@@ -1,6 +1,6 @@
 """Chunked per-token label log-probs and entropy from logits, with a memory-light backward.
 
-The module imports only torch, the standard library and ``areal_m2po.utils.checks``, keeps no
+The module imports only torch, the standard library and ``areal_m2po.algo.checks``, keeps no
 state and has no import-time side effects.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from areal_m2po.utils.checks import check_real as _check_real
-from areal_m2po.utils.checks import check_tensor as _check_tensor
+from areal_m2po.algo.checks import check_real as _check_real
+from areal_m2po.algo.checks import check_tensor as _check_tensor
 
 __all__ = ["gather_logprobs_entropy"]
 

@@ -134,7 +134,7 @@ def worker(mode: str, out_path: str, args: argparse.Namespace) -> None:
         TrainEngineConfig,
     )
     from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn, sft_loss_weight
+    from areal_m2po.trainer.sft_trainer import sft_loss_weight, sft_microbatch_loss
 
     torch.set_num_threads(args.threads)
     accelerator = Accelerator(cpu=True)
@@ -152,14 +152,14 @@ def worker(mode: str, out_path: str, args: argparse.Namespace) -> None:
     engine = HFTrainEngine(cfg, accelerator, total_steps=10_000, model=model)
     batch = _batch(args, int(model.config.vocab_size))
     del model
-    engine.train_batch(batch, sft_loss_fn, sft_loss_weight)  # warm-up: AdamW state exists
+    engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)  # warm-up: AdamW state exists
     state = state_bytes(engine.unwrapped, engine.optimizer)
     _trim()
     times = []
     with _PeakSampler() as sampler:
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+            engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)
             times.append(time.perf_counter() - t0)
     result = {
         "n_params": n_params,

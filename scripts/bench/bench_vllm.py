@@ -14,9 +14,12 @@ engines ``--rounds`` times and prints ``name=value`` lines:
   ratio (< 1: vLLM is faster); ``*_tokens_per_s``: generated tokens per second;
 * ``hf_update_s``, ``vllm_update_s``: median seconds of one in-memory weight update;
 * ``vllm_max_logp_gap``: max |vLLM - HF recomputed| behaviour log-prob over the last batch;
-* with ``--train-steps N`` (default 3): the trainer run for N steps with ``rollout.backend`` hf
-  and vllm one after the other, ``{hf,vllm}_step_s`` (median ``timing/step_s`` after the first
-  step), ``{hf,vllm}_train_gen_s`` and ``vllm_vs_hf_step_time``.
+* with ``--train-steps N`` (default 3): the trainer (the main job's config: staleness 1, M2PO,
+  decoupled loss) run for N steps with ``rollout.backend`` hf and vllm one after the other,
+  ``--train-repeats`` times alternately; per backend the medians over every step after each
+  run's first: ``{hf,vllm}_step_s`` (``timing/step_s``), ``{hf,vllm}_train_{gen,prox,update,
+  sync}_s`` (the step's phases; ``sync`` is the weight hand-over to the engine), and
+  ``vllm_vs_hf_step_time``.
 
 Never run it beside another multi-threaded job: ratios are only meaningful with the cores to
 itself (docs/performance.md says how the published figures were taken).
@@ -146,12 +149,25 @@ def _train(backend: str, steps: int, threads: int, model: str) -> list[dict[str,
             return [json.loads(line) for line in fh if line.strip()]
 
 
-def bench_training(steps: int, threads: int, model: str) -> dict[str, float]:
+PHASE_KEYS = {"gen": "timing/gen_s", "prox": "timing/prox_s", "update": "timing/update_s"}
+PHASE_KEYS["sync"] = "timing/sync_s"
+
+
+def bench_training(steps: int, threads: int, model: str, repeats: int = 1) -> dict[str, float]:
+    rows: dict[str, list[dict[str, Any]]] = {"hf": [], "vllm": []}
+    for i in range(repeats):
+        for backend in ("hf", "vllm"):
+            run = _train(backend, steps, threads, model)[1:]  # the first step warms up
+            for r in run:
+                print(f"train run {i} {backend} step {r['step']}: " + ", ".join(
+                    f"{k} {r[v]:.2f} s" for k, v in [("step", "timing/step_s"), *PHASE_KEYS.items()]
+                ), flush=True)  # fmt: skip
+            rows[backend] += run
     out: dict[str, float] = {}
-    for backend in ("hf", "vllm"):
-        rows = _train(backend, steps, threads, model)[1:]  # the first step warms up
-        out[f"{backend}_step_s"] = statistics.median(r["timing/step_s"] for r in rows)
-        out[f"{backend}_train_gen_s"] = statistics.median(r["timing/gen_s"] for r in rows)
+    for backend, got in rows.items():
+        out[f"{backend}_step_s"] = statistics.median(r["timing/step_s"] for r in got)
+        for name, key in PHASE_KEYS.items():
+            out[f"{backend}_train_{name}_s"] = statistics.median(r[key] for r in got)
     out["vllm_vs_hf_step_time"] = out["vllm_step_s"] / out["hf_step_s"]
     return out
 
@@ -159,16 +175,19 @@ def bench_training(steps: int, threads: int, model: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:smollm2-135m-instruct")
-    p.add_argument("--rounds", type=int, default=5, help="timed batches per engine")
+    p.add_argument("--rounds", type=int, default=5, help="timed batches per engine (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of both engines")
     p.add_argument("--train-steps", type=int, default=3, help="0: skip the training runs")
+    p.add_argument("--train-repeats", type=int, default=1, help="training runs per backend")
     args = p.parse_args(argv)
     from areal_m2po.engine.builtin_models import resolve_model_path
 
     model_path = resolve_model_path(args.model)
-    results = bench_engines(model_path, args.rounds, args.threads)
+    results = bench_engines(model_path, args.rounds, args.threads) if args.rounds else {}
     if args.train_steps >= 2:
-        results.update(bench_training(args.train_steps, args.threads, args.model))
+        results.update(
+            bench_training(args.train_steps, args.threads, args.model, args.train_repeats)
+        )
     print(f"threads={args.threads}")
     for k, v in results.items():
         print(f"{k}={v:.4g}")

@@ -55,10 +55,10 @@ def test_inspect_m2po_mask_matches_library(seed, threshold, capsys):
     result = ex["main"](["--seed", str(seed), "--threshold", str(threshold)])
     out = capsys.readouterr().out
 
-    old_logp, prox_logp = ex["toy_logprobs"](seed)
-    assert old_logp.shape == (2, 8)
+    behave_logp, prox_logp = ex["toy_logprobs"](seed)
+    assert behave_logp.shape == (2, 8)
     full = torch.ones(2, 8, dtype=torch.bool)
-    keep = _apply_m2po_masking(old_logp, prox_logp, full, m2_threshold=threshold)
+    keep = _apply_m2po_masking(behave_logp, prox_logp, full, m2_threshold=threshold)
     assert result["original_tokens"] == 16
     assert result["filtered_tokens"] == int(keep.sum())
     assert sorted(result["masked_positions"]) == sorted(map(tuple, (~keep).nonzero().tolist()))
@@ -75,7 +75,7 @@ def test_inspect_m2po_mask_matches_library(seed, threshold, capsys):
         assert s["running_mean"] >= threshold
         assert s["tokens_in"] == 16 - i
         assert f"masked (row {s['row']}, col {s['col']})" in out
-    m2 = (old_logp - prox_logp).pow(2)
+    m2 = (behave_logp - prox_logp).pow(2)
     assert math.isclose(result["mean_m2_after"], float(m2[keep].double().mean()), rel_tol=1e-5)
     if int(keep.sum()) > 1:
         assert result["mean_m2_after"] < threshold
@@ -239,7 +239,7 @@ def _hand_batch() -> dict[str, torch.Tensor]:
         "advantages": torch.tensor([[2.0, 2.0, 2.0, 0.0]]),
         # token 0: weight exp(0) = 1; token 2: exp(ln 3) = 3, truncated to 2
         "prox_logp": torch.tensor([[-1.0, -2.0, -0.5 - math.log(3.0), 0.0]]),
-        "logprobs": torch.tensor([[-1.2, -2.5, -1.0, 0.0]]),
+        "behave_logp": torch.tensor([[-1.2, -2.5, -1.0, 0.0]]),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -16,9 +17,12 @@ from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.agent_workflow import AgentWorkflow
+from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.calculator import calculate
 from areal_m2po.rollout.openai_proxy import AgentProxy
 from areal_m2po.rollout.openai_request import parse_tool_calls
+from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
+from areal_m2po.utils.staleness import StalenessBudget
 
 TOOLS = [
     {
@@ -392,3 +396,80 @@ def test_the_documented_calculator_agent_uses_its_tool_and_is_rewarded() -> None
         "<|im_start|>assistant\n<calc>347*58</calc><|im_end|>\n<|im_start|>user\n"
         "<result>20126</result><|im_end|>\n<|im_start|>assistant\n20126<|im_end|>"
     )
+
+
+def _port_is_free(port: int) -> bool:
+    """Nothing listens on ``port``: a new server can bind it (as the endpoint binds, with
+    SO_REUSEADDR, which the closed connections' TIME_WAIT does not block) and connecting
+    is refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+    return True
+
+
+def _loader_of(record: dict[str, Any]) -> Any:
+    class Loader:
+        def next_batch(self) -> tuple[list[dict[str, Any]], int]:
+            return [dict(record)], 0
+
+    return Loader()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_executor_close_stops_the_agent_endpoint(mode: str) -> None:
+    """RolloutExecutor.close() closes the workflow: the endpoint's thread ends, its port is
+    free (the thread is a daemon, so without the close it would serve until the process ends)."""
+    model, tokenizer = tiny_model_and_tokenizer()
+    engine = VersionedTinyEngine(model, tokenizer)
+    context = _context(tokenizer)
+    workflow = AgentWorkflow(context, agent=one_call_agent)
+    record = {"question": "What is 2 + 2?", "answer": "4", "prompt_ids": [5, 6]}
+    executor: Any
+    if mode == "sync":
+        executor = SyncRolloutExecutor(
+            engine, workflow, context, 2, _loader_of(record), staleness=0, seed=1
+        )
+        executor.start(lambda: iter(()), 0)
+        executor.next_batch()  # one episode through the endpoint
+    else:
+        budget = StalenessBudget(1, 1, 0, 1)
+        executor = AsyncRolloutExecutor(
+            engine, workflow, context, 2, budget, _loader_of(record).next_batch
+        )
+        executor.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
+        executor.next_batch()
+    thread, port = workflow.proxy._thread, workflow.proxy.port
+    assert thread is not None and thread.is_alive() and not _port_is_free(port)
+    executor.close()
+    assert not thread.is_alive() and _port_is_free(port)
+    assert workflow.proxy._thread is None
+
+
+async def one_call_agent(base_url: str, api_key: str, record: dict[str, Any]) -> float:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": record["question"]}]
+    await client.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
+    return 1.0
+
+
+def test_agent_evaluation_runs_the_agent_with_greedy_calls() -> None:
+    model, tokenizer = tiny_model_and_tokenizer()
+    engine = VersionedTinyEngine(model, tokenizer)
+    workflow = AgentWorkflow(_context(tokenizer, n_samples=3), agent=two_call_agent)
+    record: dict[str, Any] = {"question": "What is 37 * 45?", "answer": "1665", "replies": []}
+    try:
+        result = asyncio.run(workflow.aevaluate(engine, record))
+    finally:
+        workflow.close()
+    assert result == {"correct": 0.0, "reward_mean": 0.5, "calls_mean": 2.0}
+    assert len(engine.calls) == 2  # one episode, not n_samples
+    assert all(request.sampling.greedy for request, _ in engine.calls)
+    assert all(lp == 0.0 for _, out in engine.calls for lp in out.output_logprobs)

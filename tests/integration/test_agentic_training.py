@@ -52,6 +52,9 @@ def _train_in_process(run_dir: Path, *extra: str) -> list[dict]:
     return _metrics(run_dir)
 
 
+EVAL_AT_END = "evaluator.eval_at_end=true"
+
+
 def _check_multi_turn_rows(rows: list[dict]) -> None:
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -59,6 +62,12 @@ def _check_multi_turn_rows(rows: list[dict]) -> None:
         assert r["multi_turn/episodes"] == 16  # 4 prompts x 4 samples
         assert r["multi_turn/episodes"] <= r["multi_turn/turns"] <= 3 * r["multi_turn/episodes"]
     assert sum(r["multi_turn/multi_turn_episodes"] for r in rows) > 0  # retries happened
+    # the held-out evaluation ran greedy retry episodes (16 records), not single completions
+    last = rows[-1]
+    assert last["eval/n"] == 16 and 0.0 <= last["eval/accuracy"] <= 1.0
+    assert 1.0 <= last["eval/turns_mean"] <= 3.0 and last["eval/tool_use_fraction"] == 0.0
+    # a retry episode takes a second turn exactly when its first answer was wrong
+    assert last["eval/second_turn_fraction"] >= 1.0 - last["eval/accuracy"] - 1e-9
 
 
 @pytest.mark.slow
@@ -77,7 +86,7 @@ def _check_multi_turn_rows(rows: list[dict]) -> None:
     ids=["stale-decoupled-m2po", "critic"],
 )
 def test_multi_turn_training_sync(tmp_path: Path, extra: list[str]) -> None:
-    rows = _train_in_process(tmp_path / "run", *MULTI_TURN, *extra)
+    rows = _train_in_process(tmp_path / "run", *MULTI_TURN, *extra, EVAL_AT_END)
     _check_multi_turn_rows(rows)
     if "critic.enabled=true" in extra:
         assert all(math.isfinite(r["critic/value_loss"]) for r in rows)
@@ -106,7 +115,7 @@ def _train_in_subprocess(run_dir: Path, *extra: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_multi_turn_training_async(tmp_path: Path) -> None:
-    rows = _train_in_subprocess(tmp_path / "run", *MULTI_TURN, *ASYNC)
+    rows = _train_in_subprocess(tmp_path / "run", *MULTI_TURN, *ASYNC, EVAL_AT_END)
     _check_multi_turn_rows(rows)
     for r in rows:  # the staleness bound, counted over every token's version
         assert r["actor/version"] - r["rollout/version_min"] <= 1
@@ -116,10 +125,13 @@ def test_multi_turn_training_async(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_agent_workflow_training(tmp_path: Path, mode: str) -> None:
     if mode == "sync":
-        rows = _train_in_subprocess(tmp_path / "run", *AGENT, "rollout.staleness=1")
+        rows = _train_in_subprocess(tmp_path / "run", *AGENT, "rollout.staleness=1", EVAL_AT_END)
     else:
-        rows = _train_in_subprocess(tmp_path / "run", *AGENT, *ASYNC)
+        rows = _train_in_subprocess(tmp_path / "run", *AGENT, *ASYNC, EVAL_AT_END)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["agent/calls"] == 32 and r["agent/untrained_calls"] == 0  # 16 episodes x 2
         assert math.isfinite(r["actor/loss"])
+    # held-out: one greedy agent episode per record, two calls each
+    assert rows[-1]["eval/n"] == 16 and rows[-1]["eval/calls_mean"] == 2.0
+    assert 0.0 <= rows[-1]["eval/reward_mean"] <= 1.0

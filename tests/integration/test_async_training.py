@@ -4,43 +4,27 @@ over through disk each step, faults reported in one line, no server process left
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from procs import process_table, read_metrics, spawn_train, tiny_train_args
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def _server_pids(parent_pid: int) -> list[int]:
     """Rollout servers in the process table whose ``--parent-pid`` is ``parent_pid``."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-            with open(f"/proc/{name}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state == "Z":
-            continue
-        if (
-            b"areal_m2po.rollout_server" in argv
-            and b"--parent-pid" in argv
-            and argv[argv.index(b"--parent-pid") + 1] == str(parent_pid).encode()
-        ):
-            pids.append(int(name))
-    return pids
+    return [
+        pid
+        for pid, argv, state, _ in process_table()
+        if state != "Z"
+        and b"areal_m2po.rollout_server" in argv
+        and b"--parent-pid" in argv
+        and argv[argv.index(b"--parent-pid") + 1] == str(parent_pid).encode()
+    ]
 
 
 def _wait_for(predicate, timeout, what):
@@ -51,46 +35,20 @@ def _wait_for(predicate, timeout, what):
 
 
 def _metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """The run's metrics so far ([] before its first step)."""
+    return read_metrics(run_dir, missing_ok=True)
 
 
 def _args(run_dir, steps, *extra):
-    return [
-        "--config",
-        os.path.join(REPO, "configs", "tiny.yaml"),
-        f"output_dir={run_dir}",
-        f"total_train_steps={steps}",
+    async_mode = (
         "rollout.mode=async",
         "rollout.staleness=0",
         "rollout.max_head_offpolicyness=1",
         "rollout.server_threads=1",
         "rollout.health_check_interval=0.5",
         "rollout.health_check_timeout=5",
-        "num_threads=1",
-        "evaluator.eval_at_end=false",
-        "saver.save_at_end=false",
-        "reward.path=toy_rewards:digit_fraction",
-        *extra,
-    ]
-
-
-def _spawn_trainer(args):
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "support")])
     )
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.Popen(
-        [sys.executable, "-m", "areal_m2po.train", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return tiny_train_args(run_dir, steps, *async_mode, *extra)
 
 
 def test_config_checks():
@@ -109,7 +67,7 @@ def test_config_checks():
 @pytest.mark.parametrize("n_servers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_async_training_run(tmp_path, n_servers):
     run_dir = str(tmp_path / "run")
-    proc = _spawn_trainer(_args(run_dir, 2, f"rollout.n_servers={n_servers}"))
+    proc = spawn_train(_args(run_dir, 2, f"rollout.n_servers={n_servers}"))
     try:
         _, err = proc.communicate(timeout=400)
     finally:
@@ -140,7 +98,7 @@ def test_killed_server_gives_one_line_error(tmp_path):
             "recover.mode=auto",
             "recover.freq_steps=1",
         )
-        proc = _spawn_trainer(args)
+        proc = spawn_train(args)
         try:
             _wait_for(
                 lambda: len(_metrics(run_dir)) >= 2 or proc.poll() is not None, 300, "2 steps"
@@ -162,7 +120,7 @@ def test_killed_server_gives_one_line_error(tmp_path):
 )
 def test_no_server_outlives_the_trainer(tmp_path, sig):
     run_dir = str(tmp_path / "run")
-    proc = _spawn_trainer(_args(run_dir, 200))
+    proc = spawn_train(_args(run_dir, 200))
     try:
         _wait_for(lambda: len(_metrics(run_dir)) >= 1 or proc.poll() is not None, 300, "a step")
         assert proc.poll() is None
@@ -193,7 +151,7 @@ def test_resume_restarts_generation_at_the_checkpoint_version(tmp_path):
     run_dir = str(tmp_path / "run")
     recover = ["recover.mode=auto", "recover.freq_steps=1"]
     for steps in (2, 3):
-        proc = _spawn_trainer(_args(run_dir, steps, *recover))
+        proc = spawn_train(_args(run_dir, steps, *recover))
         try:
             _, err = proc.communicate(timeout=400)
         finally:

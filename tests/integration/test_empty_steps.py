@@ -183,7 +183,7 @@ def actor_batch(actor, masked_rows: list[int], seed: int = 0) -> Batch:
     batch["rewards"] = torch.rand(ROWS, generator=g)
     batch["prox_logp"] = actor.compute_logp(batch)
     noise = torch.randn(batch["input_ids"].shape, generator=g) * 0.35
-    batch["logprobs"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
+    batch["behave_logp"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
     return batch
 
 

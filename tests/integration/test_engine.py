@@ -43,10 +43,10 @@ def test_behaviour_logprobs_match_train_forward(tiny):
     g = GenerationConfig(n_samples=3, max_new_tokens=10, temperature=0.7)
     batch = rollout.generate(_prompts(tok, QUESTIONS), g, seed=3)
     assert batch["input_ids"].shape[0] == 9
-    logp, _ = engine.compute_logprobs(batch, temperature=0.7)
+    logp, _ = engine.forward_tokens(batch, temperature=0.7)
     mask = batch["loss_mask"]
     assert mask.any()
-    diff = (logp - batch["logprobs"])[mask].abs().max()
+    diff = (logp - batch["behave_logp"])[mask].abs().max()
     assert float(diff) < 1e-4
     # nothing outside the completions
     assert (logp[~mask] == 0).all()
@@ -84,7 +84,7 @@ def test_sampling_seed_reproducible(tiny):
     a = rollout.generate(_prompts(tok, QUESTIONS), g, seed=5)
     b = rollout.generate(_prompts(tok, QUESTIONS), g, seed=5)
     assert torch.equal(a["input_ids"], b["input_ids"])
-    assert torch.equal(a["logprobs"], b["logprobs"])
+    assert torch.equal(a["behave_logp"], b["behave_logp"])
 
 
 def test_microbatch_split_does_not_change_the_gradient(tiny):

@@ -6,45 +6,26 @@ loss, KL to the base model) resuming exactly."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from procs import read_metrics, spawn_train, tiny_train_args, untimed
+from tiny_runs import make_cfg
 
 from areal_m2po.api.cli_args import (
     ActorConfig,
     ConfigError,
-    DatasetConfig,
-    EvaluatorConfig,
-    GenerationConfig,
     LoRAConfig,
     MicroBatchSpec,
     OptimizerConfig,
     PPOConfig,
-    RecoverConfig,
-    RewardConfig,
-    RolloutConfig,
     SaverConfig,
     StatsLoggerConfig,
     TrainEngineConfig,
 )
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    from areal_m2po.engine.builtin_models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny"))
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def _batch(tok, n=4):
@@ -73,10 +54,10 @@ def _engine(lora: LoRAConfig | None, lr=1e-2, packing=True):
 
 
 def _train(engine, batch, steps=3):
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn, sft_loss_weight
+    from areal_m2po.trainer.sft_trainer import sft_loss_weight, sft_microbatch_loss
 
     for _ in range(steps):
-        engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+        engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)
 
 
 def test_config_checks():
@@ -157,7 +138,7 @@ def test_merged_weights_give_the_adapter_models_logprobs(tok):
         merged, _ = forward_logprobs(plain.eval(), batch, 1.0, False)
     mask = batch["loss_mask"]
     assert float((adapted[mask] - merged[mask]).abs().max()) < 1e-5
-    base, _ = engine.compute_base_logprobs(batch, 1.0)
+    base, _ = engine.forward_tokens_base(batch, 1.0)
     assert float((base[mask] - adapted[mask]).abs().max()) > 1e-3  # the adapter matters
 
 
@@ -166,11 +147,11 @@ def test_adapter_disabled_equals_the_base_model(tok):
     batch = _batch(tok)
     _train(engine, batch)
     reference = _engine(None)  # the same seed: the same tiny base weights from disk
-    got, _ = engine.compute_base_logprobs(batch, 0.7)
-    want, _ = reference.compute_logprobs(batch, 0.7)
+    got, _ = engine.forward_tokens_base(batch, 0.7)
+    want, _ = reference.forward_tokens(batch, 0.7)
     mask = batch["loss_mask"]
     torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-6)
-    after, _ = engine.compute_logprobs(batch, 0.7)  # the adapter is back on afterwards
+    after, _ = engine.forward_tokens(batch, 0.7)  # the adapter is back on afterwards
     assert float((after[mask] - want[mask]).abs().max()) > 1e-3
 
 
@@ -255,41 +236,18 @@ def test_reward_model_with_lora_saves_a_loadable_merged_model(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- PPO
-def _ppo_cfg(tmp_path, name, steps, **kw) -> PPOConfig:
-    fields = dict(
-        seed=5,
-        output_dir=str(tmp_path / name),
-        total_train_steps=steps,
-        num_threads=1,
-        actor=ActorConfig(
-            path="builtin:tiny",
-            m2_threshold=0.04,
-            use_decoupled_loss=True,
-            kl_ctl=0.1,
-            optimizer=OptimizerConfig(lr=3e-3),
-            lora=LoRAConfig(r=4),
-        ),
-        gconfig=GenerationConfig(n_samples=4, max_new_tokens=8),
-        rollout=RolloutConfig(staleness=1),
-        train_dataset=DatasetConfig(batch_size=4),
-        valid_dataset=DatasetConfig(split="test", batch_size=8, max_samples=8, shuffle=False),
-        reward=RewardConfig(path="toy_rewards:digit_fraction"),
-        evaluator=EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False),
-        saver=SaverConfig(save_at_end=True),
-        recover=RecoverConfig(mode="auto", freq_steps=1, keep_last=2),
-        stats_logger=StatsLoggerConfig(progress_bar=False),
+def _ppo_cfg(tmp_path, name, steps) -> PPOConfig:
+    """The shared tiny run (one step stale) with a LoRA actor, the decoupled loss, a KL term
+    and a final save."""
+    actor = ActorConfig(
+        path="builtin:tiny",
+        m2_threshold=0.04,
+        use_decoupled_loss=True,
+        kl_ctl=0.1,
+        optimizer=OptimizerConfig(lr=3e-3),
+        lora=LoRAConfig(r=4),
     )
-    fields.update(kw)
-    return PPOConfig(**fields)
-
-
-def _metrics(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("timing/")}
+    return make_cfg(tmp_path, name, steps, actor=actor, saver=SaverConfig(save_at_end=True))
 
 
 def test_ppo_with_lora_runs_and_resumes_exactly(tmp_path):
@@ -305,7 +263,7 @@ def test_ppo_with_lora_runs_and_resumes_exactly(tmp_path):
         trainer.train()
     finally:
         trainer.close()
-    expected = _metrics(straight.output_dir)
+    expected = read_metrics(straight.output_dir)
     assert [r["step"] for r in expected] == [1, 2, 3, 4]
     assert all(r["actor/kl_ref"] == r["actor/kl_ref"] for r in expected)
     assert any(abs(r["actor/kl_ref"]) > 0 for r in expected[1:])
@@ -313,51 +271,36 @@ def test_ppo_with_lora_runs_and_resumes_exactly(tmp_path):
 
     assert run(_ppo_cfg(tmp_path, "resumed", 2)) == 0
     assert run(_ppo_cfg(tmp_path, "resumed", 4)) == 0
-    got = _metrics(tmp_path / "resumed")
+    got = read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for a, b in zip(got, expected):
-        assert _untimed(a) == _untimed(b), a["step"]
+        assert untimed(a) == untimed(b), a["step"]
 
 
 @pytest.mark.slow
 def test_async_ppo_with_lora_hands_merged_weights_to_the_servers(tmp_path):
     """rollout.mode=async with a LoRA actor: the servers start from the base model and load the
     merged weights (plain names, no adapter tensors) each step."""
-    import subprocess
-    import sys
-
-    from procs import REPO as repo
-    from procs import subprocess_env
     from safetensors.torch import load_file
 
     run_dir = tmp_path / "run"
-    env = subprocess_env()
-    args = [
-        "--config",
-        str(repo / "configs" / "tiny.yaml"),
-        f"output_dir={run_dir}",
-        "total_train_steps=2",
+    args = tiny_train_args(
+        run_dir,
+        2,
         "rollout.mode=async",
         "rollout.staleness=0",
         "rollout.max_head_offpolicyness=1",
         "rollout.server_threads=1",
-        "num_threads=1",
-        "evaluator.eval_at_end=false",
-        "saver.save_at_end=false",
-        "reward.path=toy_rewards:digit_fraction",
         "actor.lora.r=4",
         "actor.optimizer.lr=1e-2",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_m2po.train", *args],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["step"] for r in _metrics(run_dir)] == [1, 2]
+    proc = spawn_train(args)
+    try:
+        _, err = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
     files = sorted((run_dir / "rollout_weights" / "v2").glob("*.safetensors"))
     assert files
     names = set()

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, PPOConfig
 from areal_m2po.trainer.ppo.actor import PPOActor, _apply_m2po_masking
 from areal_m2po.trainer.ppo.loss_fn import LossContext, library_actor_loss, load_actor_loss_fn
-from areal_m2po.utils.phases import Phases, StepCallback
 
 
 def _micro_batch() -> dict[str, torch.Tensor]:
@@ -21,7 +21,7 @@ def _micro_batch() -> dict[str, torch.Tensor]:
     prox = behave + 0.5 * torch.randn(2, 6, generator=gen)
     return {
         "loss_mask": mask,
-        "logprobs": torch.where(mask, behave, 0.0),
+        "behave_logp": torch.where(mask, behave, 0.0),
         "prox_logp": torch.where(mask, prox, 0.0),
         "advantages": torch.where(mask, torch.tensor([[1.0], [-0.5]]), 0.0),
         "versions": torch.zeros(2, 6, dtype=torch.long),
@@ -34,9 +34,9 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[dict[str, torch.Tensor], LossContext]] = []
 
-    def __call__(self, logprobs, entropy, batch, ctx):
+    def __call__(self, logp, entropy, batch, ctx):
         self.calls.append((batch, ctx))
-        return logprobs.sum(), {"rec/n": torch.tensor(1.0)}
+        return logp.sum(), {"rec/n": torch.tensor(1.0)}
 
 
 def test_actor_hands_the_loss_prox_and_microbatch_m2po_mask():
@@ -47,7 +47,7 @@ def test_actor_hands_the_loss_prox_and_microbatch_m2po_mask():
     logp = mb["prox_logp"] + 0.1
     loss, stats = actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=3)
     batch, ctx = rec.calls[0]
-    expected = _apply_m2po_masking(mb["logprobs"], mb["prox_logp"], mb["loss_mask"], 0.05)
+    expected = _apply_m2po_masking(mb["behave_logp"], mb["prox_logp"], mb["loss_mask"], 0.05)
     assert not bool(expected[mb["loss_mask"]].all())  # the batch does mask something
     assert torch.equal(batch["m2po_mask"], expected)
     assert torch.equal(batch["prox_logp"], mb["prox_logp"])
@@ -62,12 +62,12 @@ def test_no_m2po_no_mask_key_and_loglinear_prox():
     actor = PPOActor(cfg, None, 2, 6, loss_fn=rec)  # type: ignore[arg-type]
     actor.engine = type("E", (), {"version": 1})()  # type: ignore[assignment]
     mb = _micro_batch()
-    logp = mb["logprobs"] + 0.4
+    logp = mb["behave_logp"] + 0.4
     actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=1)
     batch, _ = rec.calls[0]
     assert "m2po_mask" not in batch
     # behaviour version 0, proximal 1, current 2: alpha = 1/2, prox = behave + 0.2
-    assert torch.allclose(batch["prox_logp"], mb["logprobs"] + 0.2)
+    assert torch.allclose(batch["prox_logp"], mb["behave_logp"] + 0.2)
 
 
 def test_default_loss_is_the_library_loss():
@@ -79,7 +79,7 @@ def test_default_loss_is_the_library_loss():
     loss, _ = actor._microbatch_loss(logp, torch.zeros_like(logp), mb, step_in_update=0)
     # token-mean over the 8 valid tokens of -A * ratio on the kept ones (ratio inside the clip)
     keep = mb["loss_mask"] & _apply_m2po_masking(
-        mb["logprobs"], mb["prox_logp"], mb["loss_mask"], 0.05
+        mb["behave_logp"], mb["prox_logp"], mb["loss_mask"], 0.05
     )
     expected = -(mb["advantages"] * math.exp(0.05))[keep].sum() / 8
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
@@ -87,7 +87,7 @@ def test_default_loss_is_the_library_loss():
 
 def test_loss_fn_by_dotted_path(tmp_path, monkeypatch):
     (tmp_path / "my_losses.py").write_text(
-        "def zero(logprobs, entropy, batch, ctx):\n    return 0 * logprobs.sum(), {}\n"
+        "def zero(logp, entropy, batch, ctx):\n    return 0 * logp.sum(), {}\n"
     )
     (tmp_path / "broken_losses.py").write_text("x = 1\nraise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

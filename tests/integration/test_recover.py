@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import SUPPORT, read_metrics, subprocess_env
+from procs import SUPPORT, read_metrics, subprocess_env, untimed
 from tiny_runs import make_cfg
 
 from areal_m2po.api.cli_args import (
@@ -25,23 +25,13 @@ from areal_m2po.api.cli_args import (
 )
 from areal_m2po.utils import recover
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """The runs below fix torch's threads (num_threads=1); give the session its own back."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def run_cfg(cfg) -> int:
     from areal_m2po.trainer.rl_trainer import run
 
     return run(cfg)
-
-
-def untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("timing/")}
 
 
 class Crash(Exception):
@@ -135,6 +125,38 @@ def test_resume_at_epoch_boundary(tmp_path, monkeypatch):
     got = read_metrics(cfg.output_dir)
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert [untimed(r) for r in got] == [untimed(r) for r in expected]
+
+
+def test_checkpoint_with_the_old_behaviour_key_resumes_exactly(tmp_path, monkeypatch):
+    """A checkpoint written before the batch key ``logprobs`` became ``behave_logp`` (its
+    queued batches hold the old name) resumes into the same steps as a straight run."""
+    straight = make_cfg(tmp_path, "straight", steps=3, staleness=2)
+    assert run_cfg(straight) == 0
+    cfg = make_cfg(tmp_path, "old_format", steps=3, staleness=2)
+    with monkeypatch.context() as mp:
+        crash_after_checkpoint(mp, 1)
+        with pytest.raises(Crash):
+            run_cfg(cfg)
+    ranks_file = os.path.join(recover.recover_root(cfg.output_dir), "step_1", "ranks.pt")
+    ranks = torch.load(ranks_file, weights_only=True)
+    for batch, _ in ranks[0]["queue"]:
+        batch["logprobs"] = batch.pop("behave_logp")  # the old layout
+    torch.save(ranks, ranks_file)
+    assert run_cfg(cfg) == 0
+    got, expected = read_metrics(cfg.output_dir), read_metrics(straight.output_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert [untimed(r) for r in got] == [untimed(r) for r in expected]
+
+
+def test_old_and_new_behaviour_keys_together_are_refused():
+    from areal_m2po.utils.data import with_current_keys
+
+    new = {"behave_logp": torch.zeros(1, 2)}
+    assert with_current_keys(new) is new
+    renamed = with_current_keys({"input_ids": torch.ones(1, 2), "logprobs": torch.ones(1, 2)})
+    assert list(renamed) == ["input_ids", "behave_logp"]
+    with pytest.raises(KeyError, match="'logprobs' and 'behave_logp'"):
+        with_current_keys({"logprobs": torch.zeros(1), "behave_logp": torch.zeros(1)})
 
 
 def test_crash_mid_write_leaves_previous_checkpoint(tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
     groups = asyncio.run(batch())
     assert calls == [B]  # one call, B prompts (n samples each from one prefill)
     built = groups_to_batch(groups, engine.pad_id)
-    for key in ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions", "no_eos"):
+    for key in ("input_ids", "attention_mask", "loss_mask", "behave_logp", "versions", "no_eos"):
         assert torch.equal(built[key], direct[key]), key
     texts = engine.rollout.decode_completions(direct)
     assert built["rewards"].tolist() == pytest.approx([digit_fraction("", t, "") for t in texts])

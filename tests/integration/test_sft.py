@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import REPO, SUPPORT, subprocess_env
+from procs import REPO, SUPPORT, read_metrics, subprocess_env, untimed
 
 from areal_m2po.api.cli_args import (
     EvaluatorConfig,
@@ -29,21 +29,7 @@ from areal_m2po.api.cli_args import (
 from areal_m2po.utils import recover
 from areal_m2po.utils.sft_loss import sft_nll_loss
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    from areal_m2po.engine.builtin_models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny"))
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def _write_jsonl(path: Path, rows: list) -> Path:
@@ -146,7 +132,7 @@ def test_engine_step_equals_the_hand_token_mean(tok, packing, n_mbs):
 
     from areal_m2po.dataset.sft import collate_sft
     from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn, sft_loss_weight
+    from areal_m2po.trainer.sft_trainer import sft_loss_weight, sft_microbatch_loss
 
     torch.manual_seed(0)
     cfg = TrainEngineConfig(
@@ -160,7 +146,7 @@ def test_engine_step_equals_the_hand_token_mean(tok, packing, n_mbs):
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     ref = _independent_nll(model, batch)
     grads = torch.autograd.grad(ref, list(model.parameters()))
-    _, loss_stats = engine.train_batch(batch, sft_loss_fn, sft_loss_weight)
+    _, loss_stats = engine.train_batch(batch, sft_microbatch_loss, sft_loss_weight)
     assert loss_stats["nll"] == pytest.approx(float(ref.detach()), rel=1e-5)
     for (name, p), g in zip(model.named_parameters(), grads):
         torch.testing.assert_close(before[name] - p.detach(), g, rtol=1e-4, atol=1e-6, msg=name)
@@ -174,7 +160,7 @@ def test_prompt_tokens_get_no_gradient(tok):
 
     from areal_m2po.dataset.sft import collate_sft, tokenize_sft_records
     from areal_m2po.engine.train_engine import HFTrainEngine
-    from areal_m2po.trainer.sft_trainer import sft_loss_fn
+    from areal_m2po.trainer.sft_trainer import sft_microbatch_loss
 
     messages = [
         {"role": "user", "content": "1+1?"},
@@ -194,7 +180,7 @@ def test_prompt_tokens_get_no_gradient(tok):
 
     handle = engine.unwrapped.lm_head.register_forward_hook(keep)
     logp, ent = engine.forward_fn(engine.model, batch, 1.0, False)
-    loss, _ = sft_loss_fn(logp, ent, batch)
+    loss, _ = sft_microbatch_loss(logp, ent, batch)
     loss.backward()
     handle.remove()
     logits = captured["logits"]  # [1, kept, vocab]: positions start-1 .. T-1
@@ -297,15 +283,6 @@ def make_cfg(tmp_path, name="run", steps=4, **kw) -> SFTConfig:
     return SFTConfig(**fields)
 
 
-def read_metrics(run_dir) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def untimed(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("timing/")}
-
-
 def test_run_learns_and_writes_the_outputs_layout(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -336,7 +313,7 @@ def test_sigkill_and_rerun_continues_bitwise(tmp_path):
     cfg_file = save_config(crashed, tmp_path / "crashed.yaml")
     env = subprocess_env()
     proc = subprocess.Popen(
-        [sys.executable, str(SUPPORT / "sft_recover_worker.py"), str(cfg_file), "2"],
+        [sys.executable, str(SUPPORT / "recover_worker.py"), str(cfg_file), "2", "sft"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

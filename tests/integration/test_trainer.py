@@ -125,7 +125,7 @@ def _reference_logprobs(model_dir, batch, temperature):
             input_ids=batch["input_ids"], attention_mask=attn, position_ids=position_ids
         ).logits.float()
     logp = torch.log_softmax(logits[:, :-1] / temperature, -1)
-    ref = torch.zeros_like(batch["logprobs"])
+    ref = torch.zeros_like(batch["behave_logp"])
     ref[:, 1:] = logp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
     return ref
 
@@ -143,7 +143,7 @@ def test_behaviour_logprobs_are_a_forward_of_the_stamped_version(tmp_path):
     from areal_m2po.engine.builtin_models import resolve_model_path
     from areal_m2po.trainer.rl_trainer import RLTrainer
 
-    keys = ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+    keys = ("input_ids", "attention_mask", "loss_mask", "behave_logp", "versions")
     trained = []
 
     class RecordingTrainer(RLTrainer):
@@ -173,12 +173,12 @@ def test_behaviour_logprobs_are_a_forward_of_the_stamped_version(tmp_path):
         assert stamped == [max(t - staleness, 0)], (t, stamped)
         version = stamped[0]
         ref = _reference_logprobs(saved[version], batch, temperature)
-        gap = (ref - batch["logprobs"])[mask].abs().max().item()
+        gap = (ref - batch["behave_logp"])[mask].abs().max().item()
         assert gap < 1e-4, (t, version, gap)
         for other in (version - 1, version + 1):
             if other in saved:
                 wrong = _reference_logprobs(saved[other], batch, temperature)
-                other_gaps.append((wrong - batch["logprobs"])[mask].abs().max().item())
+                other_gaps.append((wrong - batch["behave_logp"])[mask].abs().max().item())
     # the check can tell versions apart: a neighbouring version's weights do not fit
     assert other_gaps and min(other_gaps) > 1e-3, other_gaps
     assert torch.isfinite(torch.tensor(other_gaps)).all()

@@ -14,12 +14,7 @@ import torch
 
 from areal_m2po.utils import recover
 
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 # ------------------------------------------------------------------ directory I/O, plain dicts

@@ -123,7 +123,7 @@ def test_sharded_run_keeps_rollout_equal_to_the_gathered_policy(tmp_path):
     for r in records:
         assert r["sharded"] == [1.0]
         assert len(r["weights"]) == 2 and max(r["weights"]) == 0.0
-        assert max(r["logprobs"]) < 1e-4
+        assert max(r["behave_logp_gap"]) < 1e-4
         assert r["versions"] == [1.0, 1.0]
         assert r["moved"][0] > 1e-5  # the policy did change: the syncs carried something
     assert records[0]["hf"] == [0.0]

@@ -24,6 +24,6 @@ def reward_batch(
         "loss_mask": prefix_mask(lengths, width),
         "rewards": torch.tensor(rewards, dtype=torch.float32),
         "no_eos": torch.tensor(no_eos if no_eos is not None else [False] * n),
-        "logprobs": torch.zeros(n, width),
+        "behave_logp": torch.zeros(n, width),
         "prox_logp": torch.zeros(n, width),
     }

@@ -48,7 +48,7 @@ def main(out_path: str, output_dir: str) -> None:
     )
     trainer = RLTrainer(cfg)
     engines = [trainer.actor_engine, trainer.ref_engine, trainer.critic.engine]
-    record: dict[str, list[float]] = {"weights": [], "logprobs": [], "versions": []}
+    record: dict[str, list[float]] = {"weights": [], "behave_logp_gap": [], "versions": []}
     record["sharded"] = [float(all(e.sharded for e in engines))]
     initial = trainer.actor_engine.state_dict_for_sync()
     while len(trainer.queue) < cfg.rollout.staleness:
@@ -63,9 +63,11 @@ def main(out_path: str, output_dir: str) -> None:
             _max_diff(trainer.rollout.engine.rollout.model.state_dict(), gathered)
         )
         fresh, _ = trainer.rollout.generate_batch()
-        logp, _ = trainer.actor_engine.compute_logprobs(fresh, cfg.actor.temperature)
+        logp, _ = trainer.actor_engine.forward_tokens(fresh, cfg.actor.temperature)
         mask = fresh["loss_mask"]
-        record["logprobs"].append(float((logp[mask] - fresh["logprobs"][mask]).abs().max()))
+        record["behave_logp_gap"].append(
+            float((logp[mask] - fresh["behave_logp"][mask]).abs().max())
+        )
         stamped = fresh["versions"][mask].unique().tolist()
         record["versions"].append(float(stamped == [trainer.actor_engine.version]))
     trainer.save_hf("final")

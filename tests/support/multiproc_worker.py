@@ -93,7 +93,7 @@ def main(out_path: str, backend: str = "ddp") -> None:
     batch = select_rows(full, torch.arange(rank * per, (rank + 1) * per))
     noise = batch.pop("_noise")
     batch["prox_logp"] = actor.compute_logp(batch)
-    batch["logprobs"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
+    batch["behave_logp"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
     actor.compute_advantages(batch)
 
     initial = {k: v.clone() for k, v in engine.state_dict_for_sync().items()}

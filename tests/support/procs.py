@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from areal_m2po.trainer.launch import cpu_launch_command
@@ -56,12 +57,10 @@ def check_exit(procs: list[subprocess.Popen]) -> None:
         assert p.returncode == 0, out[-4000:]
 
 
-def train_command(out: Path, steps: int, *extra: str) -> list[str]:
-    """``python`` arguments of a tiny training run into ``out`` with recover checkpoints every
-    step (``extra``: more overrides)."""
+def tiny_train_args(out: str | Path, steps: int, *extra: str) -> list[str]:
+    """``python -m areal_m2po.train`` arguments of a tiny run (configs/tiny.yaml) into ``out``:
+    one thread, the toy reward, no final evaluation or save (``extra``: more overrides)."""
     return [
-        "-m",
-        "areal_m2po.train",
         "--config",
         str(REPO / "configs" / "tiny.yaml"),
         f"output_dir={out}",
@@ -70,13 +69,58 @@ def train_command(out: Path, steps: int, *extra: str) -> list[str]:
         "reward.path=toy_rewards:digit_fraction",
         "evaluator.eval_at_end=false",
         "saver.save_at_end=false",
-        "recover.mode=auto",
-        "recover.freq_steps=1",
         *extra,
     ]
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of ``run_dir/metrics.jsonl``, in order."""
-    with open(Path(run_dir) / "metrics.jsonl") as fh:
+def train_command(out: Path, steps: int, *extra: str) -> list[str]:
+    """``python`` arguments of a tiny training run into ``out`` with recover checkpoints every
+    step (``extra``: more overrides)."""
+    recover = ("recover.mode=auto", "recover.freq_steps=1")
+    return ["-m", "areal_m2po.train", *tiny_train_args(out, steps, *recover, *extra)]
+
+
+def spawn_train(args: list[str], new_session: bool = False) -> subprocess.Popen:
+    """``python -m areal_m2po.train *args`` from the repository with :func:`subprocess_env`,
+    stdout and stderr piped apart (``new_session``: in a process group of its own)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "areal_m2po.train", *args],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
+
+
+def process_table() -> list[tuple[int, list[bytes], str, int]]:
+    """``(pid, argv, state, process group)`` of every process in ``/proc`` (state ``Z``: a
+    zombie); processes that end while being read are left out."""
+    table = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table.append((int(name), argv, fields[0], int(fields[2])))
+    return table
+
+
+def read_metrics(run_dir: str | Path, missing_ok: bool = False) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl``, in order (``missing_ok``: [] without one)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if missing_ok and not path.exists():
+        return []
+    with open(path) as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def untimed(record: dict) -> dict:
+    """A metrics record without its ``timing/*`` values (which differ between runs)."""
+    return {k: v for k, v in record.items() if not k.startswith("timing/")}

@@ -1,7 +1,8 @@
 """Train from a config file and SIGKILL this process right after the recover checkpoint of a
-given step is written (a crash with no clean-up at all), for ``tests/integration/test_recover.py``.
+given step is written (a crash with no clean-up at all), for the exact-resume tests of the RL
+trainer (``rl``, the default) and the SFT trainer (``sft``).
 
-    python tests/support/recover_worker.py CONFIG.yaml KILL_AFTER_STEP
+    python tests/support/recover_worker.py CONFIG.yaml KILL_AFTER_STEP [rl|sft]
 """
 
 from __future__ import annotations
@@ -11,21 +12,24 @@ import signal
 import sys
 
 
-def main(config_path: str, kill_after: int) -> int:
+def main(config_path: str, kill_after: int, trainer: str = "rl") -> int:
+    from areal_m2po.api.cli_args import PPOConfig, SFTConfig
     from areal_m2po.api.config_loader import load_config
-    from areal_m2po.trainer.rl_trainer import RLTrainer, run
+    from areal_m2po.trainer import rl_trainer, sft_trainer
+    from areal_m2po.trainer.step_loop import RecoverableStepLoop
 
-    real_save = RLTrainer.save_checkpoint
+    module, config_cls = {"rl": (rl_trainer, PPOConfig), "sft": (sft_trainer, SFTConfig)}[trainer]
+    real_save = RecoverableStepLoop.save_checkpoint
 
-    def save_then_die(trainer):
-        path = real_save(trainer)
-        if trainer.step >= kill_after:
+    def save_then_die(self: RecoverableStepLoop) -> str:
+        path = real_save(self)
+        if self.step >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
 
-    RLTrainer.save_checkpoint = save_then_die  # type: ignore[method-assign]
-    return run(load_config(["--config", config_path]))
+    RecoverableStepLoop.save_checkpoint = save_then_die  # type: ignore[method-assign]
+    return module.run(load_config(["--config", config_path], config_cls))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4]))

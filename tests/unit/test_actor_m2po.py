@@ -5,6 +5,7 @@ path). A stub engine stands in for the model; nothing global is set."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -21,9 +22,9 @@ class StubEngine:
         self.version = version
         self.forwards = 0
 
-    def compute_logprobs(self, batch, temperature):
+    def forward_tokens(self, batch, temperature):
         self.forwards += 1
-        return batch["logprobs"] + 0.5, None
+        return batch["behave_logp"] + 0.5, None
 
 
 def _batch(versions: list[int]) -> dict[str, torch.Tensor]:
@@ -32,7 +33,7 @@ def _batch(versions: list[int]) -> dict[str, torch.Tensor]:
     mask[:, 0] = False
     return {
         "loss_mask": mask,
-        "logprobs": -torch.rand(len(versions), 5, generator=g),
+        "behave_logp": -torch.rand(len(versions), 5, generator=g),
         "versions": torch.tensor(versions)[:, None].expand(-1, 5).clone(),
     }
 
@@ -45,11 +46,36 @@ def test_prepare_proximal_on_policy_reuses_behaviour_stale_recomputes():
     actor = _actor(3, m2_threshold=0.04)
     batch = _batch([3, 3])
     actor.prepare_proximal(batch)
-    assert batch["prox_logp"] is batch["logprobs"] and actor.engine.forwards == 0
+    assert batch["prox_logp"] is batch["behave_logp"] and actor.engine.forwards == 0
     batch = _batch([3, 2])
     actor.prepare_proximal(batch)
     assert actor.engine.forwards == 1
-    assert torch.equal(batch["prox_logp"], batch["logprobs"] + 0.5)
+    assert torch.equal(batch["prox_logp"], batch["behave_logp"] + 0.5)
+
+
+def test_prepare_proximal_of_an_inexact_engine_recomputes_and_logs_the_mismatch():
+    """An engine whose log-probs are not the trainer's own: on-policy batches get the forward
+    pass too, and the mismatch is taken over the tokens of the policy's version only (the stub
+    policy is behave + 0.5: d = -0.5 on each of them)."""
+    exact = _actor(3, m2_threshold=0.04)
+    batch = _batch([3, 3])
+    assert exact.prepare_proximal(batch) == {} and exact.engine.forwards == 0
+
+    actor = _actor(3, m2_threshold=0.04)
+    actor.exact_behave_logp = False
+    batch = _batch([3, 3])
+    stats = actor.prepare_proximal(batch)
+    assert actor.engine.forwards == 1
+    assert torch.equal(batch["prox_logp"], batch["behave_logp"] + 0.5)
+    assert stats["rollout/logp_mismatch_tokens"] == 8  # 2 rows x 4 valid tokens
+    assert stats["rollout/logp_mismatch_abs_mean"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["rollout/logp_mismatch_abs_max"] == pytest.approx(0.5, abs=1e-6)
+    assert stats["rollout/logp_mismatch_kl"] == pytest.approx(math.exp(0.5) - 1.5, abs=1e-6)
+    # mixed versions (exact engine or not): only the version-3 row counts
+    stats = exact.prepare_proximal(_batch([3, 2]))
+    assert stats["rollout/logp_mismatch_tokens"] == 4
+    # no token of the policy's version: no figures
+    assert exact.prepare_proximal(_batch([1, 2])) == {}
 
 
 def test_prepare_proximal_without_recompute_is_behaviour_and_warns_once(caplog):
@@ -58,7 +84,7 @@ def test_prepare_proximal_without_recompute_is_behaviour_and_warns_once(caplog):
         for _ in range(2):
             batch = _batch([1, 2])
             actor.prepare_proximal(batch)
-            assert batch["prox_logp"] is batch["logprobs"]
+            assert batch["prox_logp"] is batch["behave_logp"]
     assert actor.engine.forwards == 0
     assert [r.getMessage().count("cannot mask anything") for r in caplog.records] == [1]
 
@@ -74,14 +100,14 @@ def test_prepare_proximal_loglinear_does_not_warn(caplog):
     batch = _batch([1, 2])
     with caplog.at_level(logging.WARNING, logger="areal_m2po.actor"):
         actor.prepare_proximal(batch)
-    assert batch["prox_logp"] is batch["logprobs"] and not caplog.records
+    assert batch["prox_logp"] is batch["behave_logp"] and not caplog.records
 
 
 def test_m2po_mask_per_scope():
     batch = _batch([2, 2])
-    batch["prox_logp"] = batch["logprobs"] + torch.linspace(0, 1, 10).view(2, 5)
+    batch["prox_logp"] = batch["behave_logp"] + torch.linspace(0, 1, 10).view(2, 5)
     prox = batch["prox_logp"]
-    want_keep, want_stats = m2po_mask(batch["logprobs"], prox, batch["loss_mask"], 0.04)
+    want_keep, want_stats = m2po_mask(batch["behave_logp"], prox, batch["loss_mask"], 0.04)
     assert 0 < int(want_keep.sum()) < int(batch["loss_mask"].sum())
 
     micro = _actor(3, m2_threshold=0.04, m2_scope="microbatch")
@@ -106,18 +132,18 @@ def test_m2po_mask_per_scope():
 @pytest.mark.parametrize("scope", ["global", "microbatch"])
 def test_trust_region_token_set_reaches_the_rule_in_both_scopes(scope):
     batch = _batch([2, 2])
-    batch["prox_logp"] = batch["logprobs"] + torch.linspace(-1, 1, 10).view(2, 5)
+    batch["prox_logp"] = batch["behave_logp"] + torch.linspace(-1, 1, 10).view(2, 5)
     batch["advantages"] = torch.tensor([[1.0] * 5, [-1.0] * 5])
     prox = batch["prox_logp"]
     want_keep, _ = m2po_mask(
-        batch["logprobs"],
+        batch["behave_logp"],
         prox,
         batch["loss_mask"],
         0.04,
         advantages=batch["advantages"],
         token_set="trust_region",
     )
-    all_keep, _ = m2po_mask(batch["logprobs"], prox, batch["loss_mask"], 0.04)
+    all_keep, _ = m2po_mask(batch["behave_logp"], prox, batch["loss_mask"], 0.04)
     assert not torch.equal(want_keep, all_keep)
     actor = _actor(3, m2_threshold=0.04, m2_scope=scope, m2_token_set="trust_region")
     stats = actor.prepare_m2po(batch)

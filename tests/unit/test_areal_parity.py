@@ -35,7 +35,7 @@ def _decoupled_loss(**actor_kwargs: object) -> float:
     prox = _t([math.log(0.5)])
     mb = {
         "loss_mask": torch.tensor([[True]]),
-        "logprobs": _t([0.0]),
+        "behave_logp": _t([0.0]),
         "prox_logp": prox,
         "advantages": _t([2.0]),
     }
@@ -187,7 +187,7 @@ def _kl_batch() -> dict:
     # one token: proximal - ref = 15 (k1 = 15), behaviour - ref = 2
     batch = _batch([1], [0.0], [False], 1)
     batch["prox_logp"] = torch.tensor([[15.0]])
-    batch["logprobs"] = torch.tensor([[2.0]])
+    batch["behave_logp"] = torch.tensor([[2.0]])
     batch["ref_logp"] = torch.zeros(1, 1)
     return batch
 

@@ -11,7 +11,7 @@ import torch
 from areal_m2po.algo import aggregation, kl, normalization, ppo_loss
 from areal_m2po.algo.areal_compat import ppo_actor_loss_fn
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
-from areal_m2po.algo.rejection_sampling import as_rejection_config
+from areal_m2po.algo.rejection_sampling import RejectionSampling, as_rejection_sampling
 from areal_m2po.api import cli_args
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
 from areal_m2po.trainer.ppo.loss_fn import ppo_loss_spec
@@ -36,7 +36,7 @@ OPTIONS = [
     {"importance_sampling_level": "sequence", "loss_agg_mode": "seq-mean-token-mean"},
     {"rejection_sampling": {"level": "token", "action": "clamp", "upper": 1.2, "lower": 0.8}},
     {
-        "rejection_sampling": RejectionSamplingConfig(level="sequence", metric="kl_k3", upper=0.05),
+        "rejection_sampling": RejectionSampling(level="sequence", metric="kl_k3", upper=0.05),
         "loss_agg_mode": "seq-mean-token-sum-norm",
         "max_tokens_norm": 8,
     },
@@ -77,7 +77,10 @@ def test_spec_from_actor_config():
     assert (spec.eps_clip, spec.eps_clip_upper, spec.c_clip) == (0.1, 0.3, 2.0)
     assert spec.max_tokens_norm == 16 and spec.loss_agg_mode == c.loss_agg_mode
     c2 = ActorConfig(use_decoupled_loss=True, rejection_sampling=rs)
-    assert ppo_loss_spec(c2, None).rejection_sampling is rs
+    # the maths gets plain values: the section unpacked, every field carried over
+    unpacked = ppo_loss_spec(c2, None).rejection_sampling
+    assert unpacked == RejectionSampling("token", "mask", "ratio", "mean", 1.5, None)
+    assert dataclasses.asdict(unpacked) == dataclasses.asdict(rs)
     assert PPOLossSpec(eps_clip=0.2).eps_clip_upper == 0.2
     with pytest.raises(AttributeError):
         spec.eps_clip = 0.5  # type: ignore[misc]
@@ -129,16 +132,38 @@ def test_rejection_bounds_one_rule_lower_below_upper():
             lp, prox, old, adv, 0.2, mask, rejection_sampling={"lower": 1.0, "upper": 1.0}
         )
     with pytest.raises(ValueError, match="lower: must be < upper"):
-        as_rejection_config({"lower": 2.0, "upper": 1.0})
-    ok = as_rejection_config({"lower": 0.999, "upper": 1.0})
-    assert isinstance(ok, RejectionSamplingConfig) and (ok.lower, ok.upper) == (0.999, 1.0)
+        as_rejection_sampling({"lower": 2.0, "upper": 1.0})
+    with pytest.raises(ConfigError, match="lower: must be < upper"):
+        RejectionSampling(lower=1.0, upper=1.0)
+    ok = as_rejection_sampling({"lower": 0.999, "upper": 1.0})
+    assert isinstance(ok, RejectionSampling) and (ok.lower, ok.upper) == (0.999, 1.0)
 
 
 def test_rejection_mapping_defaults_are_the_loss_defaults():
     # a mapping without "upper" has no upper bound (not the config file's default 2.0)
-    cfg = as_rejection_config({"lower": 0.5})
+    cfg = as_rejection_sampling({"lower": 0.5})
     assert cfg is not None and cfg.upper is None and cfg.lower == 0.5
     assert (cfg.level, cfg.action, cfg.metric, cfg.agg) == ("token", "mask", "ratio", "mean")
-    assert as_rejection_config(None) is None
+    assert as_rejection_sampling(None) is None
     with pytest.raises(ValueError, match="at least one of upper/lower"):
-        as_rejection_config({"level": "token"})
+        as_rejection_sampling({"level": "token"})
+    with pytest.raises(ValueError, match="metric: must be one of"):
+        as_rejection_sampling({"metric": "kl", "upper": 1.0})
+
+
+def test_rejection_options_are_plain_values_not_the_config_section():
+    # the maths refuses the config section (the actor unpacks it) and a misspelt field
+    with pytest.raises(TypeError, match="RejectionSamplingConfig"):
+        PPOLossSpec(eps_clip=0.2, rejection_sampling=RejectionSamplingConfig())
+    with pytest.raises(TypeError, match="unknown field 'uper'"):
+        as_rejection_sampling({"uper": 1.0})
+    # AReaL's calling convention passes its config section: same loss as the unpacked values
+    lp, prox, old, adv, mask, m2 = _inputs(4)
+    section = RejectionSamplingConfig(level="sequence", action="clamp", lower=0.5, upper=1.5)
+    la, _ = ppo_actor_loss_fn(lp, prox, old, adv, 0.2, mask, m2, rejection_sampling=section)
+    spec = PPOLossSpec(
+        eps_clip=0.2,
+        rejection_sampling=RejectionSampling("sequence", "clamp", upper=1.5, lower=0.5),
+    )
+    lb, _ = ppo_actor_loss(lp, prox, old, adv, mask, spec, m2po_mask=m2)
+    assert torch.equal(la, lb)

@@ -112,7 +112,7 @@ def make_batch(actor) -> dict[str, torch.Tensor]:
     batch["no_eos"][TRUNCATED_ROWS] = True
     batch["rewards"][EQUAL_GROUP * GROUP : (EQUAL_GROUP + 1) * GROUP] = 0.5
     batch["prox_logp"] = actor.compute_logp(batch)
-    batch["logprobs"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
+    batch["behave_logp"] = (batch["prox_logp"] + noise) * batch["loss_mask"]
     actor.compute_advantages(batch)
     return batch
 

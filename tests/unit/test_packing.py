@@ -168,7 +168,7 @@ def test_engine_packing_option_trains_identically() -> None:
         eng.train_batch(batch, loss_fn, lambda mb: float(mb["loss_mask"].sum()))
         params[packing] = [p.detach().clone() for p in eng.unwrapped.parameters()]
         with torch.no_grad():
-            params[(packing, "lp")] = eng.compute_logprobs(batch, 1.0)[0]
+            params[(packing, "lp")] = eng.forward_tokens(batch, 1.0)[0]
     for a, b in zip(params[False], params[True]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(
@@ -189,13 +189,13 @@ def test_engine_falls_back_when_packing_leaks(monkeypatch: pytest.MonkeyPatch) -
     batch = _rollout_batch(n=6, seed=6)
     cfg = TrainEngineConfig(path="unused", mb_spec=MicroBatchSpec(packing=True))
     good = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
-    good.compute_logprobs(batch, 1.0)
+    good.forward_tokens(batch, 1.0)
     assert good._packing_ok is True
 
     # without packed-sequence detection every row is one causal sequence: packing leaks
     monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)
     bad = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
-    lp, _ = bad.compute_logprobs(batch, 1.0)
+    lp, _ = bad.forward_tokens(batch, 1.0)
     assert bad._packing_ok is False
     with torch.no_grad():
         ref, _ = forward_logprobs(bad.model, batch, 1.0, False)

@@ -80,15 +80,15 @@ def test_groups_to_batch_layout():
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
     assert batch["loss_mask"].tolist() == [[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
     assert batch["versions"].tolist() == [[-1, -1, -1, 0, 1, -1], [-1, -1, -1, 1, 1, 1]]
-    assert batch["logprobs"][0, 3:5].tolist() == [-0.5, -0.25]
-    assert batch["logprobs"][1].tolist() == [0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
+    assert batch["behave_logp"][0, 3:5].tolist() == [-0.5, -0.25]
+    assert batch["behave_logp"][1].tolist() == [0.0, 0.0, 0.0, -1.0, -2.0, -3.0]
     assert batch["no_eos"].tolist() == [False, True]
     assert batch["rewards"].tolist() == [1.0, 0.5]
     assert {k: v.dtype for k, v in batch.items()} == {
         "input_ids": torch.int64,
         "attention_mask": torch.bool,
         "loss_mask": torch.bool,
-        "logprobs": torch.float32,
+        "behave_logp": torch.float32,
         "versions": torch.int64,
         "rewards": torch.float32,
         "no_eos": torch.bool,

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from procs import process_table
 from vllm_helpers import hf_token_logprobs, perturbed_state, write_tiny_vllm_model
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
@@ -24,18 +25,7 @@ PROMPTS = [[5, 6, 7, 8], [40, 41, 42]]
 
 def _group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(name))
-    return pids
+    return [pid for pid, _, state, group in process_table() if state != "Z" and group == pgid]
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ class PPOCritic:
         self.engine = engine
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        values, _ = self.engine.compute_logprobs(batch, temperature=1.0)
+        values, _ = self.engine.forward_tokens(batch, temperature=1.0)
         return values
 
     def _microbatch_loss(

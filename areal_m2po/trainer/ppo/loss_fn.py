@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.algo.sapo_loss import sapo_loss
 from areal_m2po.api.cli_args import ActorConfig
 from areal_m2po.utils.imports import load_object
@@ -66,8 +67,8 @@ class ActorLossFn(Protocol):
         batch: the prepared micro-batch; every tensor ``[b, T]`` unless stated:
 
             * ``loss_mask`` (bool): the generated tokens that count;
-            * ``logprobs`` (float32): behaviour log-probs (``behave_logp``), recorded when the
-              tokens were sampled;
+            * ``behave_logp`` (float32): behaviour log-probs, recorded by the rollout engine
+              when the tokens were sampled (0 outside ``loss_mask``);
             * ``prox_logp`` (float32, detached): proximal log-probs, the policy at the start of
               this step (or the loglinear interpolation), the ratio's denominator;
             * ``advantages`` (float32): per-token advantages, 0 outside ``loss_mask``;
@@ -122,21 +123,24 @@ def library_actor_loss(
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
     # log-probs makes the weight 1
     weighted = c.use_decoupled_loss and c.use_behave_imp_weight
-    behave = batch["logprobs"] if weighted else prox
+    behave = batch["behave_logp"] if weighted else prox
     return ppo_actor_loss(
         logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
     )
 
 
 def ppo_loss_spec(config: ActorConfig, max_new_tokens: int | None) -> PPOLossSpec:
-    """The clipped-PPO loss options of an actor section; rejection sampling only applies with
-    the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
+    """The clipped-PPO loss options of an actor section, unpacked into plain values (the maths
+    takes no config object); rejection sampling only applies with the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
     """
+    rs = config.rejection_sampling if config.use_decoupled_loss else None
     return PPOLossSpec(
         eps_clip=config.eps_clip,
         eps_clip_higher=config.eps_clip_higher,
         c_clip=config.c_clip,
-        rejection_sampling=config.rejection_sampling if config.use_decoupled_loss else None,
+        rejection_sampling=None
+        if rs is None
+        else RejectionSampling(rs.level, rs.action, rs.metric, rs.agg, rs.upper, rs.lower),
         importance_sampling_level=config.importance_sampling_level,
         loss_agg_mode=config.loss_agg_mode,
         max_tokens_norm=max_new_tokens,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.utils.phases import StepCallback
+from areal_m2po.api.callbacks import StepCallback
 
 
 def setup_process(threads: int, amp: str) -> None:
@@ -59,7 +59,7 @@ class Clock:
 
 class PhaseTimer(StepCallback):
     """Seconds spent in the named phases (e.g. ``m2po``) on ``clock``, told by the trainer's
-    and the actor's step callbacks (:class:`areal_m2po.utils.phases.StepCallback`)."""
+    and the actor's step callbacks (:class:`areal_m2po.api.callbacks.StepCallback`)."""
 
     def __init__(self, clock: Clock, names: Sequence[str]) -> None:
         self.clock = clock

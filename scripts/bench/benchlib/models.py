@@ -130,7 +130,7 @@ def synthetic_batch(
         "input_ids": ids,
         "attention_mask": attn,
         "loss_mask": loss,
-        "logprobs": behave,
+        "behave_logp": behave,
         "prox_logp": prox,
         "versions": torch.where(loss, 0, -1),
         "rewards": rewards,

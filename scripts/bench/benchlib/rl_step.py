@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import tempfile
 
+from areal_m2po.api.callbacks import StepCallback
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.trainer.rl_trainer import RLTrainer
-from areal_m2po.utils.phases import StepCallback
 from benchlib.models import ModelSpec
 
 

@@ -2,7 +2,7 @@
 
 :class:`RssSampler` reads this process's resident set (``/proc/self/statm``) every few
 milliseconds in a daemon thread and keeps the largest value seen under the current phase
-label. :class:`PhaseMarks` is a :class:`~areal_m2po.utils.phases.StepCallback` that sets the
+label. :class:`PhaseMarks` is a :class:`~areal_m2po.api.callbacks.StepCallback` that sets the
 label from the trainer's phases (generate, prox, ref, advantages, update, sync);
 :func:`mark` labels any other call (evaluation, checkpointing, the optimizer step) the same
 way. Linux only (``/proc``).
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from areal_m2po.utils.phases import StepCallback
+from areal_m2po.api.callbacks import StepCallback
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

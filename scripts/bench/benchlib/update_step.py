@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.callbacks import Phases
 from areal_m2po.api.cli_args import ActorConfig, MicroBatchSpec
 from areal_m2po.engine.train_engine import HFTrainEngine
 from areal_m2po.trainer.ppo.actor import PPOActor
 from areal_m2po.utils.data import completion_start, split_microbatches, trim_columns
-from areal_m2po.utils.phases import Phases
 from benchlib.harness import Clock, PhaseTimer, interleaved, matmul_probe, median_ratio
 from benchlib.models import ModelSpec, update_flops
 

@@ -1,10 +1,16 @@
-"""Step callbacks: the seam through which code outside the trainer watches a training step.
+"""Step callbacks, public API: the seam through which code outside the trainer watches a
+training step (``RLTrainer(cfg, callbacks=[...])``). Owns :class:`StepCallback` (what a callback
+implements), :class:`Phases` (how the trainer and the actor report phases) and :data:`PHASES`.
+This module moved here from ``areal_m2po.utils.phases`` (removed).
 
 The trainer runs every step as named phases and reports them to its callbacks, in this order::
 
     on_step_begin(step)
       generate -> prox -> ref -> advantages -> update -> sync   (each: on_phase_begin/end)
     on_step_end(step, stats)
+
+``mismatch`` (the trainer's log-probs of the batch just generated, when
+``rollout.logp_mismatch_freq`` is due) runs between ``generate`` and ``prox``.
 
 ``generate`` also runs before the first step when ``rollout.staleness`` queues batches ahead;
 the actor reports ``m2po`` (the M2PO mask: once per PPO minibatch with ``m2_scope=global``, once
@@ -21,7 +27,7 @@ from collections.abc import Iterator, Sequence
 
 __all__ = ["PHASES", "Phases", "StepCallback"]
 
-PHASES = ("generate", "prox", "ref", "advantages", "update", "sync", "m2po")
+PHASES = ("generate", "mismatch", "prox", "ref", "advantages", "update", "sync", "m2po")
 """The phase names the trainer and the actor report."""
 
 

@@ -1,0 +1,201 @@
+"""The step-loop bookkeeping the three trainers (RL, SFT, reward model) share.
+
+Owns the epoch loader and a run's number of steps (:func:`epoch_loader`), what follows every
+training step (:meth:`StepLoop._end_step`: evaluation and a Hugging Face save when due, then
+``timing/step_s`` and the metrics line; :meth:`StepLoop._save_final`), the supervised trainers'
+loop (:meth:`StepLoop._run_epochs`) and, for the trainers
+that resume (RL, SFT: :class:`RecoverableStepLoop`), recover checkpoints: saving and resuming
+through :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`, their cadence
+(``recover.freq_steps``, after good steps only) and SIGTERM (a checkpoint after the current
+step, then the loop stops).
+
+A trainer subclasses one of the two classes and provides what differs: ``evaluate``,
+``save_hf``, the loop itself (``_train``) and, to resume, ``state_dict``/``_state_loaders``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from areal_m2po.utils import dist, recover
+
+__all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader"]
+
+logger = logging.getLogger("areal_m2po.trainer")
+
+
+def epoch_loader(items: Sequence[Any], config: Any) -> tuple[Any, int]:
+    """``(loader, total_steps)``: a :class:`~areal_m2po.dataset.PromptLoader` over ``items`` as
+    ``config.train_dataset`` says (batch size, shuffle, drop_last; seeded with ``config.seed``)
+    and the run's steps: ``total_train_epochs`` epochs, capped by ``total_train_steps``."""
+    from areal_m2po.dataset import PromptLoader
+
+    dataset = config.train_dataset
+    loader = PromptLoader(
+        list(items),
+        batch_size=dataset.batch_size,
+        shuffle=dataset.shuffle,
+        seed=config.seed,
+        drop_last=dataset.drop_last,
+    )
+    steps = loader.steps_per_epoch * config.total_train_epochs
+    return loader, min(steps, config.total_train_steps) if config.total_train_steps else steps
+
+
+class StepLoop:
+    """What follows each step of a trainer's loop.
+
+    The trainer sets ``config`` (a root config with ``evaluator`` and ``saver`` sections),
+    ``step`` (finished steps), ``total_steps``, ``stats_logger`` and, for the helpers that use
+    them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
+    :meth:`evaluate` and :meth:`save_hf` (and, for :meth:`_run_epochs`, ``train_step`` and
+    ``_local_rows``).
+    """
+
+    config: Any
+    step: int
+    total_steps: int
+    stats_logger: Any
+    loader: Any
+    output_dir: str
+    is_main: bool
+    tokenizer: Any
+    stop_requested: bool = False
+
+    def evaluate(self) -> dict[str, float]:
+        """The held-out metrics (``eval/*``)."""
+        raise NotImplementedError
+
+    def save_hf(self, tag: str) -> str:
+        """Save the model in Hugging Face format under ``checkpoints/<tag>``; its path."""
+        raise NotImplementedError
+
+    def train_step(self, items: list[Any]) -> dict[str, float]:
+        """One optimizer step on this rank's ``items`` (supervised trainers); its metrics."""
+        raise NotImplementedError
+
+    def _local_rows(self, items: list[Any]) -> list[Any]:
+        """This rank's share of a global batch (supervised trainers)."""
+        raise NotImplementedError
+
+    def _end_step(self, stats: dict[str, float], t_start: float) -> None:
+        """After step ``self.step`` (already counted): evaluation when due (every
+        ``evaluator.freq_steps``, and after the last step with ``eval_at_end``), an HF save
+        every ``saver.freq_steps``, then ``stats["timing/step_s"]`` (wall seconds since
+        ``t_start``, a ``time.perf_counter`` value) and the step's metrics line."""
+        cfg = self.config
+        last = self.step == self.total_steps
+        freq = cfg.evaluator.freq_steps
+        if (freq and self.step % freq == 0) or (last and cfg.evaluator.eval_at_end):
+            stats.update(self.evaluate())
+        if cfg.saver.freq_steps and self.step % cfg.saver.freq_steps == 0:
+            self.save_hf(f"step_{self.step}")
+        stats["timing/step_s"] = time.perf_counter() - t_start
+        self.stats_logger.log(self.step, stats)
+
+    def _save_final(self) -> None:
+        """The ``final`` HF save after the loop (``saver.save_at_end``; not after SIGTERM)."""
+        if self.config.saver.save_at_end and not self.stop_requested:
+            self.save_hf("final")
+
+    def _save_engine_hf(self, engine: Any, tag: str, what: str) -> str:
+        """``engine.save_hf`` with the trainer's ``tokenizer`` into
+        ``<output_dir>/checkpoints/<tag>`` (rank 0 logs it as ``what``); the path."""
+        path = os.path.join(self.output_dir, "checkpoints", tag)
+        engine.save_hf(path, self.tokenizer)
+        if self.is_main:
+            logger.info("saved %s (HF format) to %s", what, path)
+        return path
+
+    def _run_epochs(self, epoch_key: str, after_step: Callable[[dict[str, float]], bool]) -> None:
+        """The loop of the supervised trainers (SFT, reward model) after their start-up: each
+        step trains on this rank's rows of the loader's next batch (``train_step(
+        _local_rows(batch))``), records the epoch as ``epoch_key``, ends the step
+        (:meth:`_end_step`) and stops early when ``after_step(stats)`` says so; then
+        :meth:`_save_final`."""
+        while self.step < self.total_steps:
+            t0 = time.perf_counter()
+            batch, epoch = self.loader.next_batch()
+            stats = self.train_step(self._local_rows(batch))
+            stats[epoch_key] = float(epoch)
+            self.step += 1
+            self._end_step(stats, t0)
+            if after_step(stats):
+                break
+        self._save_final()
+
+
+class RecoverableStepLoop(StepLoop):
+    """A :class:`StepLoop` that writes recover checkpoints, resumes from them and stops
+    cleanly on SIGTERM.
+
+    The trainer also sets ``checkpoints`` (a
+    :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`) and defines ``_train`` (the
+    loop, which calls :meth:`resume` first and :meth:`_checkpoint_after_step` after each
+    logged step), ``state_dict(shard_dir)`` and ``_state_loaders(shard_dir)``.
+    """
+
+    checkpoints: Any
+    _last_recover_step: int = -1
+
+    def state_dict(self, shard_dir: str | None = None) -> dict[str, Any]:
+        """This rank's state, one entry per checkpoint part."""
+        raise NotImplementedError
+
+    def _state_loaders(self, shard_dir: str | None) -> list[tuple[str, Callable[[Any], None]]]:
+        """``(part, load)`` of every part of :meth:`state_dict`, in load order."""
+        raise NotImplementedError
+
+    def _train(self) -> None:
+        raise NotImplementedError
+
+    def save_checkpoint(self) -> str:
+        """Write a recover checkpoint after ``self.step`` (every rank calls it). Its path."""
+        return self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir))
+
+    def resume(self) -> bool:
+        """Load the recover checkpoint ``recover.mode`` asks for; True when one was loaded.
+
+        Raises:
+            RecoverError: none for ``recover.mode=resume``, or one that does not match this run.
+        """
+        path = self.checkpoints.to_resume()
+        if path is not None:
+            self.checkpoints.load(path, self._state_loaders(path))
+        return path is not None
+
+    def train(self) -> None:
+        """Run the loop with SIGTERM turned into a checkpoint after the current step."""
+        restore_handler = recover.install_sigterm_handler(self._on_sigterm)
+        try:
+            self._train()
+        finally:
+            restore_handler()
+
+    def _on_sigterm(self) -> None:
+        self.stop_requested = True
+        logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
+
+    def _checkpoint_after_step(self, good: bool) -> bool:
+        """A recover checkpoint after step ``self.step`` when one is due (every
+        ``recover.freq_steps`` steps, after a ``good`` step only, unless ``recover.mode`` is
+        disabled) or SIGTERM reached any rank; True: stop now (SIGTERM)."""
+        cfg = self.config
+        stop = self.stop_requested
+        if dist.is_distributed():  # a signal may reach only some ranks
+            stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
+        periodic = (
+            cfg.recover.mode != "disabled" and self.step % cfg.recover.freq_steps == 0 and good
+        )
+        if (periodic or stop) and self._last_recover_step != self.step:
+            self.save_checkpoint()
+            self._last_recover_step = self.step
+        if stop:
+            logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
+        return stop
