@@ -74,8 +74,8 @@ def test_behaviour_logprobs_equal_a_forward_pass(tiny, case: str) -> None:
     assert mask.any()
     logits = _reference_logits(engine.model, batch)
     targets = batch["input_ids"][:, 1:]
-    got = batch["logprobs"][:, 1:]
-    assert (batch["logprobs"][~batch["loss_mask"]] == 0).all()
+    got = batch["behave_logp"][:, 1:]
+    assert (batch["behave_logp"][~batch["loss_mask"]] == 0).all()
     if greedy:
         assert (got == 0).all()
         assert torch.equal(logits.argmax(-1)[mask], targets[mask])
