@@ -8,6 +8,7 @@ whatever the trainer has done since.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -17,6 +18,7 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.engine.prefill import generate_shared_prefill
+from areal_m2po.engine.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.utils.data import Batch
 
 logger = logging.getLogger("areal_m2po.rollout")
@@ -119,7 +121,7 @@ class RolloutEngine:
             "eos_token_id": eos_ids,
             "pad_token_id": self.pad_id,
             "num_return_sequences": n,
-            "return_dict_in_generate": True,
+            "return_dict_in_generate": False,  # the sequences only: no logits, no cache
             "use_cache": True,
         }
         if greedy:
@@ -130,7 +132,6 @@ class RolloutEngine:
                 temperature=g.temperature,
                 top_p=g.top_p,
                 top_k=g.top_k if g.top_k > 0 else None,
-                output_logits=True,
             )
         if g.stop:
             kwargs["stop_strings"] = list(g.stop)
@@ -154,7 +155,8 @@ class RolloutEngine:
 
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
         log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
-        sampled token recorded during generation (no second forward pass; 0 when greedy) and
+        sampled token recorded during generation (no second forward pass, one step's logits
+        alive at a time: :mod:`~areal_m2po.engine.sampled_logprobs`; 0 when greedy) and
         every generated token stamped with this engine's version. These are the log-probs of
         the sampled distribution only without ``top_p``/``top_k``/``min_new_tokens``; the
         config refuses those settings wherever training reads the behaviour log-probs. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
@@ -172,10 +174,16 @@ class RolloutEngine:
             extra["stopping_criteria"] = stopping_criteria
         if seed is not None:
             torch.manual_seed(seed)
-        # each prompt is encoded once and its KV cache shared by its n samples
-        out = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
-        seqs = out.sequences  # [B*n, P + C]
-        p = ids.shape[1]
+        # the sampled tokens' log-probs, taken step by step (one step's logits alive at a time)
+        recorder = None if greedy else SampledLogprobRecorder(gconfig.temperature)
+        if recorder is not None:
+            from transformers import LogitsProcessorList
+
+            extra["logits_processor"] = LogitsProcessorList([recorder])
+        with recorder.attached(self.model) if recorder else contextlib.nullcontext():
+            # each prompt is encoded once and its KV cache shared by its n samples
+            seqs = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
+        p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]
         b, c = gen.shape
         eos = torch.tensor(eos_ids, device=gen.device)
@@ -189,14 +197,10 @@ class RolloutEngine:
         elif gconfig.stop:
             _drop_fill_after_stop_string(self.tokenizer, gen, is_eos, gen_mask, gconfig.stop)
         no_eos = ~(is_eos & gen_mask).any(-1)
-        logp = torch.zeros(b, c, dtype=torch.float32, device=gen.device)
-        if not greedy:
-            for step, step_logits in enumerate(out.logits):
-                scaled = step_logits.float() / gconfig.temperature
-                tok = gen[:, step : step + 1]
-                logp[:, step] = (
-                    scaled.gather(-1, tok) - torch.logsumexp(scaled, -1, keepdim=True)
-                )[:, 0]
+        if recorder is None:
+            logp = torch.zeros(b, c, dtype=torch.float32, device=gen.device)
+        else:
+            logp = recorder.finish(gen)
         prompt_mask = attn.bool().repeat_interleave(n, 0)
         full_attn = torch.cat([prompt_mask, gen_mask], 1)
         loss_mask = torch.cat([torch.zeros_like(prompt_mask), gen_mask], 1)

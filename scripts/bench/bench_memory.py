@@ -139,6 +139,7 @@ def main() -> None:
     from areal_m2po.trainer.rl_trainer import RLTrainer
 
     out_dir = tempfile.mkdtemp(prefix="bench-mem-")
+    print(f"bench_memory: output_dir={out_dir}", flush=True)
     overrides = [
         f"output_dir={out_dir}",
         f"total_train_steps={args.steps}",
@@ -178,6 +179,8 @@ def main() -> None:
         },
         "peak_rss_step_gb": step_peak / GB,
         "peak_rss_all_gb": sampler.overall / GB,
+        "peak_rss_all_at": {"step": sampler.overall_at[0], "phase": sampler.overall_at[1]},
+        "peak_rss_by_step_gb": {k: v / GB for k, v in sorted(sampler.by_step.items())},
         "peak_rss_over_state": step_peak / total_state,
         "peak_rss_over_state_all": sampler.overall / total_state,
     }

@@ -32,13 +32,19 @@ class RssSampler:
     """Samples the resident set every ``interval_s`` seconds; the peak per phase label.
 
     ``peaks[label]`` is the largest resident set (bytes) seen while ``label`` was current;
-    ``overall`` is the largest seen at all. The labels nest: :meth:`push` / :meth:`pop`.
+    ``overall`` is the largest seen at all, ``overall_at`` the ``(step, label)`` it was seen
+    under and ``by_step[step]`` the largest seen during each step (``step``: set by
+    :class:`PhaseMarks`, 0 before the first; evaluation and checkpoints after a step count
+    in it). The labels nest: :meth:`push` / :meth:`pop`.
     """
 
     def __init__(self, interval_s: float = 0.002) -> None:
         self.interval_s = interval_s
         self.peaks: dict[str, int] = {}
         self.overall = 0
+        self.overall_at: tuple[int, str] = (0, "other")
+        self.step = 0
+        self.by_step: dict[int, int] = {}
         self._stack: list[str] = ["other"]
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -49,7 +55,9 @@ class RssSampler:
         with self._lock:
             label = self._stack[-1]
             self.peaks[label] = max(self.peaks.get(label, 0), rss)
-            self.overall = max(self.overall, rss)
+            self.by_step[self.step] = max(self.by_step.get(self.step, 0), rss)
+            if rss > self.overall:
+                self.overall, self.overall_at = rss, (self.step, label)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -83,6 +91,9 @@ class PhaseMarks(StepCallback):
 
     def __init__(self, sampler: RssSampler) -> None:
         self.sampler = sampler
+
+    def on_step_begin(self, step: int) -> None:
+        self.sampler.step = step
 
     def on_phase_begin(self, name: str) -> None:
         self.sampler.push(name)
