@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.engine.weight_files import read_weights_of
 from areal_m2po.rollout.batching import Job, RequestBatcher
 from areal_m2po.rollout.vllm_setup import check_vllm_model, cuda_available, import_vllm, vllm_env
 from areal_m2po.rollout.vllm_weights import NameCheck, checkpoint_names, with_tied_head
@@ -142,9 +141,7 @@ class VLLMInferenceEngine(InferenceEngine):
         self._names: set[str] = set()
         self._asleep = False
         self._lock = threading.Lock()
-        self._running = threading.Event()
-        self._running.set()
-        self._batcher = RequestBatcher(self._generate_jobs, self._running)
+        self._batcher = RequestBatcher(self._generate_jobs, self._lock)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -226,17 +223,8 @@ class VLLMInferenceEngine(InferenceEngine):
         else:
             logps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs, ids)]
         finish = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
-        return ModelResponse(
-            input_ids=list(req.input_ids),
-            output_ids=ids,
-            output_logprobs=logps,
-            output_versions=output_versions(
-                getattr(comp, "weight_versions", None), len(ids), version
-            ),
-            finish_reason=finish,
-            rid=req.rid,
-            latency_s=time.perf_counter() - t0,
-        )
+        versions = output_versions(getattr(comp, "weight_versions", None), len(ids), version)
+        return ModelResponse.to_request(req, ids, logps, versions, finish, t0)
 
     # -- weights and versions -----------------------------------------------------------------
 
@@ -262,10 +250,7 @@ class VLLMInferenceEngine(InferenceEngine):
             self._set_version_locked(version)
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
-        state, stamp = read_weights(path)
-        if stamp is not None and stamp != version:
-            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
-        self.update_weights_from_tensors(state, version)
+        self.update_weights_from_tensors(read_weights_of(path, version), version)
 
     def _wake_locked(self) -> None:
         """Sleep mode (CUDA only; vLLM's CPU build has none, so this path is not exercised by
@@ -280,12 +265,10 @@ class VLLMInferenceEngine(InferenceEngine):
             self.llm.llm_engine.set_weight_version(str(self._version))
 
     def pause(self) -> None:
-        self._running.clear()
-        with self._lock:  # the running generate call has returned
-            pass
+        self._batcher.pause()
 
     def resume(self) -> None:
-        self._running.set()
+        self._batcher.resume()
 
     def get_version(self) -> int:
         return self._version

@@ -42,7 +42,7 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import prune_weights, read_weights, write_weights
+from areal_m2po.engine.weight_files import prune_weights, read_weights_of, write_weights
 from areal_m2po.rollout.remote_engine import RolloutServerError
 from areal_m2po.rollout.vllm_engine import eos_ids_of
 from areal_m2po.rollout.vllm_servers import VLLMServerOptions, VLLMServerProcesses
@@ -300,15 +300,7 @@ class VLLMServerEngine(InferenceEngine):
             await asyncio.sleep(0.02)  # aborted by a weight update: continue when it is done
         if finish not in ("stop", "length"):
             finish = "length"
-        return ModelResponse(
-            input_ids=list(request.input_ids),
-            output_ids=out,
-            output_logprobs=logps,
-            output_versions=versions,
-            finish_reason=finish,
-            rid=request.rid,
-            latency_s=time.perf_counter() - t0,
-        )
+        return ModelResponse.to_request(request, out, logps, versions, finish, t0)
 
     # -- weights, versions, pause -------------------------------------------------------------
 
@@ -334,11 +326,7 @@ class VLLMServerEngine(InferenceEngine):
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         def reload() -> None:
-            _, stamp = read_weights(path)
-            if stamp is not None and stamp != version:
-                raise ValueError(
-                    f"weight version {version} != the version {stamp} stamped in {path}"
-                )
+            read_weights_of(path, version)  # refuse a directory stamped with another version
             self._run(self._reload, os.path.abspath(path), version)
 
         self._reload_with(reload, version)
