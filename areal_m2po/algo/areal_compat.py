@@ -108,7 +108,4 @@ def _apply_m2po_masking(
     ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
     statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
     the same)."""
-    thr = m2po.check_m2_threshold(m2_threshold)
-    m2 = m2po.m2_per_token(old_logp, prox_logp, loss_mask)
-    keep, _ = m2po.m2po_mask_of_m2(m2, loss_mask, thr, loss_mask)
-    return keep
+    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold)[0]

@@ -35,6 +35,7 @@ only torch and the standard library and keeps no state.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -50,6 +51,7 @@ from areal_m2po.algo.checks import (
 
 __all__ = [
     "TOKEN_SETS",
+    "RankGather",
     "check_m2_threshold",
     "m2_per_token",
     "m2po_candidates",
@@ -62,6 +64,10 @@ __all__ = [
 
 TOKEN_SETS = ("all", "trust_region")
 """The candidate sets of the rule: every valid token, or those in the trust-region quadrants."""
+
+RankGather = Callable[[torch.Tensor], tuple[list[torch.Tensor], int]]
+"""Gathers a 1-D tensor from every rank of a process group: ``(every rank's tensor, in rank
+order; this rank's index)`` (ranks may hold different lengths)."""
 
 _UNIT_ROUNDOFF = 2.0**-53  # float64
 _ABS_SLACK = 2.0**-1060  # covers underflow of k * threshold (absolute error <= 2^-1075)
@@ -301,8 +307,16 @@ def m2po_mask(
     *,
     advantages: torch.Tensor | None = None,
     token_set: str = "all",
+    gather: RankGather | None = None,
+    stats_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The M2PO keep mask of one batch and its :func:`m2po_stats`, m2 computed once.
+
+    With ``gather`` the batch is this rank's share of one spread over ranks: every rank gathers
+    the m2 of every valid token and whether it is a candidate (rank-major order; one
+    collective), applies the rule to the concatenated candidates and keeps its own slice, so
+    the mask equals the rule applied to the concatenated batch, and the stats are the global
+    ones.
 
     Args:
         behave_logp: float ``[B, T]`` behaviour log-probs recorded at generation.
@@ -312,10 +326,12 @@ def m2po_mask(
         advantages: float ``[B, T]``; needed by ``token_set="trust_region"`` and, when given,
             adds the quadrant statistics.
         token_set: one of :data:`TOKEN_SETS`.
+        gather: gathers across ranks (None: this batch alone).
+        stats_dtype: dtype of the returned statistics.
     Returns:
         ``(keep, stats)``: bool ``[B, T]``, the rule over the candidates' :func:`m2_per_token`
         (row-major order), True on the valid non-candidates, False outside ``loss_mask``; and
-        the float32 :func:`m2po_stats`.
+        the :func:`m2po_stats` (of ``stats_dtype``).
     Raises:
         the errors of :func:`m2_per_token`, :func:`trust_region_tokens` and
         :func:`check_m2_threshold`.
@@ -325,7 +341,30 @@ def m2po_mask(
     in_region, candidates = m2po_candidates(
         token_set, behave_logp, prox_logp, loss_mask, advantages
     )
-    return m2po_mask_of_m2(m2, loss_mask, thr, candidates, in_region=in_region)
+    if gather is None:
+        return m2po_mask_of_m2(
+            m2, loss_mask, thr, candidates, in_region=in_region, stats_dtype=stats_dtype
+        )
+    m2_local = m2[loss_mask]
+    # one collective: the m2 values, then 0/1 flags (candidate, in quadrant)
+    flags = [candidates[loss_mask]] + ([] if in_region is None else [in_region[loss_mask]])
+    parts, rank = gather(torch.cat([m2_local] + [f.to(torch.float64) for f in flags]))
+    n_rows = 1 + len(flags)
+    rows = [torch.cat([p.view(n_rows, -1)[i] for p in parts]) for i in range(n_rows)]
+    m2_all, cand_all = rows[0], rows[1] > 0.5
+    region_all = rows[2] > 0.5 if in_region is not None else None
+    keep_all, stats = m2po_mask_of_m2(
+        m2_all,
+        torch.ones_like(cand_all),
+        thr,
+        cand_all,
+        in_region=region_all,
+        stats_dtype=stats_dtype,
+    )
+    offset = sum(p.numel() for p in parts[:rank]) // n_rows
+    keep = torch.zeros_like(loss_mask)
+    keep[loss_mask] = keep_all[offset : offset + m2_local.numel()]
+    return keep, stats
 
 
 def m2po_mask_of_m2(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ConfigError",
@@ -50,6 +50,8 @@ __all__ = [
     "StatsLoggerConfig",
     "PPOConfig",
 ]
+
+_Options = TypeVar("_Options")
 
 
 class ConfigError(ValueError):
@@ -1041,6 +1043,18 @@ class RolloutConfig:
             _check_number(name, getattr(self, name), gt=0)
         _check_number("health_check_timeout", self.health_check_timeout, gt=0)
         _check_bool("tolerate_server_failures", self.tolerate_server_failures)
+
+    def engine_options(self, cls: type[_Options], **given: Any) -> _Options:
+        """``cls(**given)``, an engine's options dataclass, with each of its other fields that
+        names a key of this section (``request_timeout``, ``setup_timeout``, ...) set from
+        that key."""
+        keys = {f.name for f in fields(self)}
+        taken = {
+            f.name: getattr(self, f.name)
+            for f in fields(cls)  # type: ignore[arg-type]
+            if f.name in keys and f.name not in given
+        }
+        return cls(**taken, **given)
 
     @property
     def vllm_placement(self) -> str:

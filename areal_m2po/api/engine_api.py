@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -169,6 +170,29 @@ class ModelResponse:
                 f"ModelResponse.finish_reason: {self.finish_reason!r} is not one of "
                 f"{', '.join(FINISH_REASONS)}"
             )
+
+    @classmethod
+    def to_request(
+        cls,
+        request: ModelRequest,
+        output_ids: Iterable[int],
+        output_logprobs: Iterable[float],
+        output_versions: Iterable[int],
+        finish_reason: str,
+        t0: float,
+    ) -> ModelResponse:
+        """The response to ``request`` (its context copied, its ``rid``) with these outputs
+        (copied into lists); ``latency_s`` runs from ``t0``, a ``time.perf_counter()`` reading
+        taken when the request was submitted."""
+        return cls(
+            input_ids=list(request.input_ids),
+            output_ids=list(output_ids),
+            output_logprobs=list(output_logprobs),
+            output_versions=list(output_versions),
+            finish_reason=finish_reason,
+            rid=request.rid,
+            latency_s=time.perf_counter() - t0,
+        )
 
     @property
     def output_len(self) -> int:

@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from areal_m2po.api.cli_args import DatasetConfig
@@ -51,7 +51,6 @@ def _rename(
     raw: Mapping[str, Any], prompt_field: str, answer_field: str, where: str
 ) -> dict[str, Any]:
     """One record with ``question``/``answer`` keys taken from the configured fields."""
-    _check_object(raw, where)
     for name in (prompt_field, answer_field):
         _required_field(raw, name, where)
     question = _required_field(raw, prompt_field, where, string=True)
@@ -165,12 +164,36 @@ def load_records(
         make_split = _BUILTINS[name]
         return [dict(r) for r in make_split(split, n=max_samples, seed=seed)]  # type: ignore[arg-type]
 
+    return read_records(
+        path,
+        split,
+        max_samples,
+        lambda row, where: _rename(row, prompt_field, answer_field, where),
+        "dataset",
+        config_name,
+    )
+
+
+def read_records(
+    path: str,
+    split: str,
+    max_samples: int | None,
+    check: Callable[[Mapping[str, Any], str], dict[str, Any]],
+    kind: str,
+    config_name: str | None = None,
+) -> list[dict[str, Any]]:
+    """``check(row, where)`` of the first ``max_samples`` rows of :func:`read_rows`, each
+    first checked to be a JSON object; a one-line ``ValueError`` naming the ``kind`` of
+    dataset when there are none."""
     rows = read_rows(path, split, config_name)
     if max_samples is not None:
         rows = rows[:max_samples]
-    records = [_rename(row, prompt_field, answer_field, where) for where, row in rows]
+    records = []
+    for where, row in rows:
+        _check_object(row, where)
+        records.append(check(row, where))
     if not records:
-        raise ValueError(f"dataset {path!r} (split {split!r}) has no records")
+        raise ValueError(f"{kind} {path!r} (split {split!r}) has no records")
     return records
 
 

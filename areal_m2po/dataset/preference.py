@@ -23,10 +23,9 @@ from typing import Any
 
 from areal_m2po.dataset.loader import (
     _as_id_list,
-    _check_object,
     _has_chat_template,
     _required_field,
-    read_rows,
+    read_records,
 )
 
 __all__ = [
@@ -42,8 +41,8 @@ PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 
 
 def _check_record(raw: Any, where: str) -> dict[str, Any]:
-    """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped)."""
-    _check_object(raw, where)
+    """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped) of
+    a JSON object."""
     record: dict[str, Any] = {}
     hint = f" (a pair needs {PREFERENCE_FIELDS})"
     for name in PREFERENCE_FIELDS:
@@ -78,13 +77,7 @@ def load_preference_records(
     """
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
-    rows = read_rows(path, split, config_name)
-    if max_samples is not None:
-        rows = rows[:max_samples]
-    records = [_check_record(row, where) for where, row in rows]
-    if not records:
-        raise ValueError(f"preference dataset {path!r} (split {split!r}) has no records")
-    return records
+    return read_records(path, split, max_samples, _check_record, "preference dataset", config_name)
 
 
 def reward_model_text(

@@ -28,10 +28,9 @@ import torch
 from areal_m2po.dataset.arithmetic import make_arithmetic_split
 from areal_m2po.dataset.loader import (
     _as_id_list,
-    _check_object,
     _has_chat_template,
     _required_field,
-    read_rows,
+    read_records,
 )
 
 __all__ = [
@@ -70,8 +69,8 @@ def _check_messages(value: Any, field: str, where: str) -> list[dict[str, str]]:
 def _check_record(
     raw: Any, where: str, prompt_field: str, completion_field: str, messages_field: str
 ) -> dict[str, Any]:
-    """One validated record: ``{messages}`` or ``{prompt, completion}``, plus its ``where``."""
-    _check_object(raw, where)
+    """One validated record of a JSON object: ``{messages}`` or ``{prompt, completion}``, plus
+    its ``where``."""
     if messages_field in raw and raw[messages_field] is not None:
         return {
             "messages": _check_messages(raw[messages_field], messages_field, where),
@@ -111,16 +110,15 @@ def load_sft_records(
         ]
     if path.startswith("builtin:"):
         raise ValueError(f"unknown built-in dataset {path!r}; known: {_BUILTIN}")
-    found = read_rows(path, split)
-    if max_samples is not None:
-        found = found[:max_samples]
-    records = [
-        _check_record(row, where, prompt_field, completion_field, messages_field)
-        for where, row in found
-    ]
-    if not records:
-        raise ValueError(f"SFT dataset {path!r} (split {split!r}) has no records")
-    return records
+    return read_records(
+        path,
+        split,
+        max_samples,
+        lambda row, where: _check_record(
+            row, where, prompt_field, completion_field, messages_field
+        ),
+        "SFT dataset",
+    )
 
 
 def _render_ids(

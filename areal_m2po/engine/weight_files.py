@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["WEIGHTS_FILE", "read_weights", "write_weights", "prune_weights"]
+__all__ = ["WEIGHTS_FILE", "prune_weights", "read_weights", "read_weights_of", "write_weights"]
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -82,6 +82,15 @@ def read_weights(path: str) -> tuple[dict[str, torch.Tensor], int | None]:
         meta = fh.metadata() or {}
     stamp = meta.get("weight_version")
     return load_file(file), int(stamp) if stamp is not None and stamp.isdigit() else None
+
+
+def read_weights_of(path: str, version: int) -> dict[str, torch.Tensor]:
+    """The tensors of :func:`read_weights`, which are to be ``version``: ValueError when the
+    directory is stamped with another version."""
+    state, stamp = read_weights(path)
+    if stamp is not None and stamp != version:
+        raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
+    return state
 
 
 def prune_weights(root: str, keep_from_version: int) -> None:

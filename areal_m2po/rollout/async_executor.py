@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.engine_api import InferenceEngine
-from areal_m2po.api.workflow_api import RolloutWorkflow, TrajectoryGroup, WorkflowContext
-from areal_m2po.rollout.executor import Policy, RolloutExecutor
+from areal_m2po.api.workflow_api import TrajectoryGroup
+from areal_m2po.rollout.executor import Policy, RolloutExecutor, RolloutSetup
 from areal_m2po.utils.data import Batch
 from areal_m2po.utils.staleness import StalenessBudget
 
@@ -43,22 +42,18 @@ class AsyncRolloutExecutor(RolloutExecutor):
     """Groups generated ahead of the trainer, never more than ``eta`` versions stale.
 
     Args:
-        engine, workflow, context, pad_id, workflow_name: see :class:`RolloutExecutor`.
+        setup: the engine, workflow and batch layout (:class:`RolloutSetup`).
         budget: the staleness/concurrency rule (``B`` groups of ``n`` samples per step).
         prompt_source: main-thread callable returning ``(records, epoch)``, ``B`` per call.
     """
 
     def __init__(
         self,
-        engine: InferenceEngine,
-        workflow: RolloutWorkflow,
-        context: WorkflowContext,
-        pad_id: int,
+        setup: RolloutSetup,
         budget: StalenessBudget,
         prompt_source: Callable[[], tuple[list[dict[str, Any]], int]],
-        workflow_name: str = "rlvr",
     ) -> None:
-        super().__init__(engine, workflow, context, pad_id, workflow_name)
+        super().__init__(setup)
         self.budget = budget
         self.prompt_source = prompt_source
         self.base_version = 0

@@ -21,20 +21,34 @@ Job = tuple[ModelRequest, "asyncio.Future[ModelResponse]", float]
 
 
 class RequestBatcher:
-    """Collects concurrent requests and answers them with one ``generate_jobs(jobs)`` call.
+    """Collects concurrent requests and answers them with one ``generate_jobs(jobs)`` call;
+    holds the engine's pause state.
 
     Args:
         generate_jobs: responses to the jobs, in order (called in a worker thread).
-        running: cleared while the engine is paused; a batch waits for it to be set.
+        model_lock: the lock ``generate_jobs`` holds while it generates (:meth:`pause` waits
+            for it).
     """
 
     def __init__(
-        self, generate_jobs: Callable[[list[Job]], list[ModelResponse]], running: threading.Event
+        self, generate_jobs: Callable[[list[Job]], list[ModelResponse]], model_lock: threading.Lock
     ) -> None:
         self._generate_jobs = generate_jobs
-        self._running = running
+        self._model_lock = model_lock
+        self._running = threading.Event()  # cleared while paused; a batch waits for it
+        self._running.set()
         self._pending: list[Job] = []
         self._flush_scheduled = False
+
+    def pause(self) -> None:
+        """Hold new batches back; returns once the running ``generate_jobs`` call has."""
+        self._running.clear()
+        with self._model_lock:
+            pass
+
+    def resume(self) -> None:
+        """Let batches run again after :meth:`pause`."""
+        self._running.set()
 
     async def submit(self, request: ModelRequest) -> ModelResponse:
         """The response to ``request``, generated together with the requests beside it."""

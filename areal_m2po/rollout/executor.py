@@ -13,6 +13,7 @@ import abc
 import asyncio
 import collections
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from areal_m2po.rollout.batch import check_groups, groups_to_batch, sum_group_st
 from areal_m2po.rollout.rlvr import decode_completion
 from areal_m2po.utils.data import Batch
 
-__all__ = ["Policy", "RolloutExecutor"]
+__all__ = ["Policy", "RolloutExecutor", "RolloutSetup"]
 
 Policy = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 """Gives the trainer's current full weights as ``(name, tensor)`` pairs (consumed once)."""
@@ -31,8 +32,9 @@ Policy = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 _REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
 
 
-class RolloutExecutor(abc.ABC):
-    """Runs ``workflow`` on ``engine`` for the trainer.
+@dataclass(frozen=True)
+class RolloutSetup:
+    """What every executor is built from: a workflow to run on an engine.
 
     Args:
         engine: the inference engine.
@@ -42,20 +44,24 @@ class RolloutExecutor(abc.ABC):
         workflow_name: ``rollout.workflow`` as configured (for error messages).
     """
 
-    def __init__(
-        self,
-        engine: InferenceEngine,
-        workflow: RolloutWorkflow,
-        context: WorkflowContext,
-        pad_id: int,
-        workflow_name: str = "rlvr",
-    ) -> None:
-        self.engine = engine
-        self.workflow = workflow
-        self.context = context
-        self.pad_id = pad_id
-        self.workflow_name = workflow_name
-        self.n_samples = context.gconfig.n_samples
+    engine: InferenceEngine
+    workflow: RolloutWorkflow
+    context: WorkflowContext
+    pad_id: int
+    workflow_name: str = "rlvr"
+
+
+class RolloutExecutor(abc.ABC):
+    """Runs ``setup.workflow`` on ``setup.engine`` for the trainer; the fields of ``setup``
+    (:class:`RolloutSetup`) are its attributes."""
+
+    def __init__(self, setup: RolloutSetup) -> None:
+        self.engine = setup.engine
+        self.workflow = setup.workflow
+        self.context = setup.context
+        self.pad_id = setup.pad_id
+        self.workflow_name = setup.workflow_name
+        self.n_samples = setup.context.gconfig.n_samples
         self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.n_rollouts = 0  # batches generated so far (sync mode: seeds the sampler)
 

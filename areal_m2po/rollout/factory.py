@@ -20,7 +20,7 @@ import torch
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.engine_api import SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.executor import RolloutExecutor
+from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.workflows import build_workflow
 
@@ -98,7 +98,9 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         reward=parts.reward,
     )
     workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
-    pad_id = _pad_id(parts.tokenizer, eos_ids)
+    setup = RolloutSetup(
+        engine, workflow, context, _pad_id(parts.tokenizer, eos_ids), roll.workflow
+    )
     if roll.mode == "async":
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
         from areal_m2po.utils.staleness import StalenessBudget
@@ -110,22 +112,16 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
             max_head_offpolicyness=roll.max_head_offpolicyness or 0,
             max_concurrent_samples=roll.max_concurrent_rollouts or b * n,
         )
-        return AsyncRolloutExecutor(
-            engine, workflow, context, pad_id, budget, parts.loader.next_batch, roll.workflow
-        )
+        return AsyncRolloutExecutor(setup, budget, parts.loader.next_batch)
     from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
 
     return SyncRolloutExecutor(
-        engine,
-        workflow,
-        context,
-        pad_id,
+        setup,
         parts.loader,
         staleness=roll.staleness,
         seed=cfg.seed,
         rank=parts.rank,
         world=parts.world,
-        workflow_name=roll.workflow,
     )
 
 
@@ -150,16 +146,9 @@ def _remote_engine(cfg: PPOConfig, parts: RolloutParts) -> Any:
             seed=cfg.seed,
         )
         addrs = servers.addrs
-    options = RemoteEngineOptions(
-        request_timeout=roll.request_timeout,
-        health_check_interval=roll.health_check_interval,
-        health_check_timeout=roll.health_check_timeout,
-        tolerate_server_failures=roll.tolerate_server_failures,
-        setup_timeout=roll.setup_timeout,
-    )
     return RemoteSGLangEngine(
         addrs,
-        options,
+        roll.engine_options(RemoteEngineOptions),
         weights_root=os.path.join(parts.output_dir, "rollout_weights"),
         model_config=parts.model_config,
         servers=servers,

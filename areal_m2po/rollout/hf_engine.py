@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.engine.rollout import RolloutEngine
-from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.engine.weight_files import read_weights_of
 from areal_m2po.rollout.batching import Job, RequestBatcher
 from areal_m2po.utils.data import Batch
 
@@ -78,9 +77,7 @@ class HFInferenceEngine(InferenceEngine):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.rollout = RolloutEngine(model, tokenizer, device)
         self._model_lock = threading.Lock()
-        self._running = threading.Event()
-        self._running.set()
-        self._batcher = RequestBatcher(self._generate_jobs, self._running)
+        self._batcher = RequestBatcher(self._generate_jobs, self._model_lock)
 
     # -- properties the workflows and executors read -----------------------------------------
 
@@ -134,15 +131,8 @@ class HFInferenceEngine(InferenceEngine):
             finish = "length"
         else:  # ended by a stop string
             finish = "stop"
-        return ModelResponse(
-            input_ids=list(req.input_ids),
-            output_ids=out,
-            output_logprobs=[float(x) for x in batch["behave_logp"][row][mask].tolist()],
-            output_versions=[version] * len(out),
-            finish_reason=finish,
-            rid=req.rid,
-            latency_s=time.perf_counter() - t0,
-        )
+        logps = [float(x) for x in batch["behave_logp"][row][mask].tolist()]
+        return ModelResponse.to_request(req, out, logps, [version] * len(out), finish, t0)
 
     def update_weights_from_tensors(
         self,
@@ -153,18 +143,13 @@ class HFInferenceEngine(InferenceEngine):
             self.rollout.update_weights(named_tensors, version)
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
-        state, stamp = read_weights(path)
-        if stamp is not None and stamp != version:
-            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
-        self.update_weights_from_tensors(state, version)
+        self.update_weights_from_tensors(read_weights_of(path, version), version)
 
     def pause(self) -> None:
-        self._running.clear()
-        with self._model_lock:  # the running generate call has returned
-            pass
+        self._batcher.pause()
 
     def resume(self) -> None:
-        self._running.set()
+        self._batcher.resume()
 
     def get_version(self) -> int:
         return self.rollout.version

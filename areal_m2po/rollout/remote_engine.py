@@ -294,14 +294,8 @@ class RemoteSGLangEngine(InferenceEngine):
             except ServerError as exc:
                 self._server_failed(exc.addr, str(exc))
                 addr = self._pick_server()  # tolerated: continue elsewhere
-        return ModelResponse(
-            input_ids=list(request.input_ids),
-            output_ids=list(sample.output_ids),
-            output_logprobs=list(sample.logprobs),
-            output_versions=list(sample.versions),
-            finish_reason=sample.finish,
-            rid=request.rid,
-            latency_s=time.perf_counter() - t0,
+        return ModelResponse.to_request(
+            request, sample.output_ids, sample.logprobs, sample.versions, sample.finish, t0
         )
 
     # -- weights ------------------------------------------------------------------------------

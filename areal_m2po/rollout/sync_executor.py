@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.engine_api import InferenceEngine
-from areal_m2po.api.workflow_api import RolloutWorkflow, TrajectoryGroup, WorkflowContext
-from areal_m2po.rollout.executor import Policy, RolloutExecutor
+from areal_m2po.api.workflow_api import TrajectoryGroup
+from areal_m2po.rollout.executor import Policy, RolloutExecutor, RolloutSetup
 from areal_m2po.utils.data import Batch
 
 __all__ = ["SyncRolloutExecutor"]
@@ -30,7 +29,7 @@ class SyncRolloutExecutor(RolloutExecutor):
     """The replay queue of ``rollout.staleness`` batches.
 
     Args:
-        engine, workflow, context, pad_id, workflow_name: see :class:`RolloutExecutor`.
+        setup: the engine, workflow and batch layout (:class:`RolloutSetup`).
         loader: ``next_batch() -> (records, epoch)``, the batch's records on every rank.
         staleness: ``rollout.staleness``.
         seed: the run's seed.
@@ -39,18 +38,14 @@ class SyncRolloutExecutor(RolloutExecutor):
 
     def __init__(
         self,
-        engine: InferenceEngine,
-        workflow: RolloutWorkflow,
-        context: WorkflowContext,
-        pad_id: int,
+        setup: RolloutSetup,
         loader: Any,
         staleness: int,
         seed: int,
         rank: int = 0,
         world: int = 1,
-        workflow_name: str = "rlvr",
     ) -> None:
-        super().__init__(engine, workflow, context, pad_id, workflow_name)
+        super().__init__(setup)
         self.loader = loader
         self.staleness = staleness
         self.seed = seed

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,35 +32,35 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.engine.weight_files import read_weights_of
 from areal_m2po.rollout.batching import Job, RequestBatcher
-from areal_m2po.rollout.vllm_setup import check_vllm_model, cuda_available, import_vllm, vllm_env
-from areal_m2po.rollout.vllm_weights import NameCheck, checkpoint_names, with_tied_head
+from areal_m2po.rollout.vllm_setup import (
+    VLLMModelOptions,
+    check_vllm_model,
+    cuda_available,
+    import_vllm,
+    vllm_env,
+)
+from areal_m2po.rollout.vllm_weights import (
+    NameCheck,
+    VersionOnlyState,
+    checkpoint_names,
+    with_tied_head,
+)
 
 __all__ = ["VLLMEngineOptions", "VLLMInferenceEngine", "eos_ids_of", "to_vllm_sampling"]
 
 
-@dataclass(frozen=True)
-class VLLMEngineOptions:
-    """How the in-process ``vllm.LLM`` is built (the ``rollout.vllm.*`` config keys).
+@dataclass(frozen=True, kw_only=True)
+class VLLMEngineOptions(VLLMModelOptions):
+    """How the in-process ``vllm.LLM`` is built (the ``rollout.vllm.*`` config keys): the
+    :class:`~.vllm_setup.VLLMModelOptions` and
 
     Args:
-        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto``.
-        max_model_len: context length (prompt + completion) the engine reserves for.
-        seed: vLLM's sampling seed.
-        num_threads: torch CPU threads (None: keep ``OMP_NUM_THREADS``).
-        kv_cache_gib: CPU KV cache GiB (``VLLM_CPU_KVCACHE_SPACE``).
-        gpu_memory_utilization: GPU memory share of the engine (weights + KV cache) on CUDA.
         enable_sleep_mode: CUDA only: the engine sleeps (frees its memory) around updates.
         max_num_seqs: sequences batched at most per engine step.
     """
 
-    dtype: str = "float32"
-    max_model_len: int = 1024
-    seed: int = 0
-    num_threads: int | None = None
-    kv_cache_gib: int = 1
-    gpu_memory_utilization: float = 0.3
     enable_sleep_mode: bool = False
     max_num_seqs: int = 256
 
@@ -112,7 +111,7 @@ def output_versions(spans: Any, n_tokens: int, default: int) -> list[int]:
     return versions
 
 
-class VLLMInferenceEngine(InferenceEngine):
+class VLLMInferenceEngine(VersionOnlyState, InferenceEngine):
     """vLLM in this process, on a copy of the policy loaded from ``model_path``.
 
     Args:
@@ -142,9 +141,7 @@ class VLLMInferenceEngine(InferenceEngine):
         self._names: set[str] = set()
         self._asleep = False
         self._lock = threading.Lock()
-        self._running = threading.Event()
-        self._running.set()
-        self._batcher = RequestBatcher(self._generate_jobs, self._running)
+        self._batcher = RequestBatcher(self._generate_jobs, self._lock)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -226,17 +223,8 @@ class VLLMInferenceEngine(InferenceEngine):
         else:
             logps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs, ids)]
         finish = comp.finish_reason if comp.finish_reason in ("stop", "length") else "abort"
-        return ModelResponse(
-            input_ids=list(req.input_ids),
-            output_ids=ids,
-            output_logprobs=logps,
-            output_versions=output_versions(
-                getattr(comp, "weight_versions", None), len(ids), version
-            ),
-            finish_reason=finish,
-            rid=req.rid,
-            latency_s=time.perf_counter() - t0,
-        )
+        versions = output_versions(getattr(comp, "weight_versions", None), len(ids), version)
+        return ModelResponse.to_request(req, ids, logps, versions, finish, t0)
 
     # -- weights and versions -----------------------------------------------------------------
 
@@ -262,10 +250,7 @@ class VLLMInferenceEngine(InferenceEngine):
             self._set_version_locked(version)
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
-        state, stamp = read_weights(path)
-        if stamp is not None and stamp != version:
-            raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
-        self.update_weights_from_tensors(state, version)
+        self.update_weights_from_tensors(read_weights_of(path, version), version)
 
     def _wake_locked(self) -> None:
         """Sleep mode (CUDA only; vLLM's CPU build has none, so this path is not exercised by
@@ -280,12 +265,10 @@ class VLLMInferenceEngine(InferenceEngine):
             self.llm.llm_engine.set_weight_version(str(self._version))
 
     def pause(self) -> None:
-        self._running.clear()
-        with self._lock:  # the running generate call has returned
-            pass
+        self._batcher.pause()
 
     def resume(self) -> None:
-        self._running.set()
+        self._batcher.resume()
 
     def get_version(self) -> int:
         return self._version
@@ -293,27 +276,3 @@ class VLLMInferenceEngine(InferenceEngine):
     def set_version(self, version: int) -> None:
         with self._lock:
             self._set_version_locked(version)
-
-    # -- recover checkpoints ------------------------------------------------------------------
-
-    def state_dict(
-        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
-    ) -> dict[str, Any]:
-        """``{"version", "weights": None}``: the engine holds the trainer's weights of its
-        version (vLLM keeps them in kernel layout, which cannot be saved as a checkpoint), so
-        ``policy`` is consumed to the end (it may be a collective gather) and not kept."""
-        for _ in policy:
-            pass
-        if policy_version != self._version:
-            raise RuntimeError(
-                f"vLLM engine holds version {self._version}, the policy {policy_version}: its "
-                "weights cannot be checkpointed (vLLM keeps them in kernel layout)"
-            )
-        return {"version": self._version, "weights": None}
-
-    def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
-        """Restore :meth:`state_dict`: load ``policy()`` (or saved weights) as its version."""
-        weights = state.get("weights")
-        self.update_weights_from_tensors(
-            policy() if weights is None else weights, int(state["version"])
-        )

@@ -22,16 +22,19 @@ def build_vllm_engine(
     model_path = resolve_model_path(cfg.actor.path)
     tok_path = resolve_model_path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path
     max_len = v.max_model_len or cfg.train_dataset.max_prompt_length + cfg.gconfig.max_new_tokens
-    dtype = v.dtype or cfg.actor.dtype
+    # the VLLMModelOptions both placements share (threads and GPU share are placement's own)
+    model: dict[str, Any] = {
+        "dtype": v.dtype or cfg.actor.dtype,
+        "max_model_len": max_len,
+        "seed": cfg.seed,
+        "kv_cache_gib": v.kv_cache_gib,
+    }
     if roll.vllm_placement == "in_process":
         from areal_m2po.rollout.vllm_engine import VLLMEngineOptions, VLLMInferenceEngine
 
         options = VLLMEngineOptions(
-            dtype=dtype,
-            max_model_len=max_len,
-            seed=cfg.seed,
+            **model,
             num_threads=cfg.num_threads,
-            kv_cache_gib=v.kv_cache_gib,
             gpu_memory_utilization=v.gpu_memory_utilization or 0.3,
             enable_sleep_mode=v.enable_sleep_mode,
         )
@@ -42,23 +45,16 @@ def build_vllm_engine(
     servers = None
     if not roll.server_addrs:
         servers = VLLMServerOptions(
+            **model,
             model_path=model_path,
             tokenizer_path=tok_path,
-            dtype=dtype,
-            max_model_len=max_len,
-            seed=cfg.seed,
             num_threads=roll.server_threads,
-            kv_cache_gib=v.kv_cache_gib,
             gpu_memory_utilization=v.gpu_memory_utilization or 0.9,
             python=v.python,
             extra_args=tuple(v.server_args or ()),
         )
-    options = VLLMServerEngineOptions(
-        weights_root=os.path.join(output_dir, "rollout_weights"),
-        setup_timeout=roll.setup_timeout,
-        request_timeout=roll.request_timeout,
-        health_timeout=roll.health_check_timeout,
-    )
+    weights_root = os.path.join(output_dir, "rollout_weights")
+    options = roll.engine_options(VLLMServerEngineOptions, weights_root=weights_root)
     return VLLMServerEngine(
         tokenizer,
         model_path,

@@ -42,12 +42,12 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import prune_weights, read_weights, write_weights
+from areal_m2po.engine.weight_files import prune_weights, read_weights_of, write_weights
 from areal_m2po.rollout.remote_engine import RolloutServerError
 from areal_m2po.rollout.vllm_engine import eos_ids_of
 from areal_m2po.rollout.vllm_servers import VLLMServerOptions, VLLMServerProcesses
 from areal_m2po.rollout.vllm_setup import cuda_available
-from areal_m2po.rollout.vllm_weights import with_tied_head
+from areal_m2po.rollout.vllm_weights import VersionOnlyState, with_tied_head
 from areal_m2po.utils import dist
 
 __all__ = ["VLLMServerEngine", "VLLMServerEngineOptions", "sampling_payload", "span_versions"]
@@ -66,13 +66,13 @@ class VLLMServerEngineOptions:
         weights_root: directory of the per-version weight folders the servers load.
         setup_timeout: seconds for every server to answer ``/health`` at start.
         request_timeout: seconds one request may take.
-        health_timeout: seconds one ``/health`` probe may take.
+        health_check_timeout: seconds one ``/health`` probe may take.
     """
 
     weights_root: str
     setup_timeout: float = 600.0
     request_timeout: float = 3600.0
-    health_timeout: float = 10.0
+    health_check_timeout: float = 10.0
 
 
 def sampling_payload(s: RequestSampling, eos_ids: list[int], done: int) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def span_versions(spans: Any, n_tokens: int, default: int) -> list[int]:
     return versions
 
 
-class VLLMServerEngine(InferenceEngine):
+class VLLMServerEngine(VersionOnlyState, InferenceEngine):
     """Rollout on vLLM servers: started here (``servers``) or reached at ``addrs``.
 
     Args:
@@ -227,7 +227,9 @@ class VLLMServerEngine(InferenceEngine):
 
     async def _healthy(self, http: httpx.AsyncClient, addr: str) -> bool:
         try:
-            resp = await http.get(f"http://{addr}/health", timeout=self.options.health_timeout)
+            resp = await http.get(
+                f"http://{addr}/health", timeout=self.options.health_check_timeout
+            )
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
@@ -300,15 +302,7 @@ class VLLMServerEngine(InferenceEngine):
             await asyncio.sleep(0.02)  # aborted by a weight update: continue when it is done
         if finish not in ("stop", "length"):
             finish = "length"
-        return ModelResponse(
-            input_ids=list(request.input_ids),
-            output_ids=out,
-            output_logprobs=logps,
-            output_versions=versions,
-            finish_reason=finish,
-            rid=request.rid,
-            latency_s=time.perf_counter() - t0,
-        )
+        return ModelResponse.to_request(request, out, logps, versions, finish, t0)
 
     # -- weights, versions, pause -------------------------------------------------------------
 
@@ -334,11 +328,7 @@ class VLLMServerEngine(InferenceEngine):
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         def reload() -> None:
-            _, stamp = read_weights(path)
-            if stamp is not None and stamp != version:
-                raise ValueError(
-                    f"weight version {version} != the version {stamp} stamped in {path}"
-                )
+            read_weights_of(path, version)  # refuse a directory stamped with another version
             self._run(self._reload, os.path.abspath(path), version)
 
         self._reload_with(reload, version)
@@ -416,29 +406,8 @@ class VLLMServerEngine(InferenceEngine):
             self._raise_if_exited(addr)
             if not await self._healthy(http, addr):
                 self._raise_if_exited(addr)
-                raise _fault(addr, f"no answer to /health within {self.options.health_timeout:g}s")
+                raise _fault(
+                    addr, f"no answer to /health within {self.options.health_check_timeout:g}s"
+                )
 
         self._run(probe)
-
-    # -- recover checkpoints ------------------------------------------------------------------
-
-    def state_dict(
-        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
-    ) -> dict[str, Any]:
-        """``{"version", "weights": None}``: the servers hold the trainer's weights of their
-        version (``policy`` is consumed to the end, it may be a collective, and not kept)."""
-        for _ in policy:
-            pass
-        if policy_version != self._version:
-            raise RuntimeError(
-                f"vLLM servers hold version {self._version}, the policy {policy_version}: "
-                "their weights are not in the checkpoint"
-            )
-        return {"version": self._version, "weights": None}
-
-    def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
-        """Restore :meth:`state_dict`: every server loads ``policy()`` as its version."""
-        weights = state.get("weights")
-        self.update_weights_from_tensors(
-            policy() if weights is None else weights, int(state["version"])
-        )

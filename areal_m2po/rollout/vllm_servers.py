@@ -24,36 +24,28 @@ import time
 from dataclasses import dataclass
 
 from areal_m2po.engine.server_launcher import free_port
-from areal_m2po.rollout.vllm_setup import vllm_env
+from areal_m2po.rollout.vllm_setup import VLLMModelOptions, vllm_env
 
 __all__ = ["VLLMServerOptions", "VLLMServerProcesses", "server_command"]
 
 WORKER_EXTENSION = "areal_m2po.rollout.vllm_worker_ext.WeightReloadExtension"
 
 
-@dataclass(frozen=True)
-class VLLMServerOptions:
-    """How each server is started (the ``rollout.vllm.*`` keys).
+@dataclass(frozen=True, kw_only=True)
+class VLLMServerOptions(VLLMModelOptions):
+    """How each server is started (the ``rollout.vllm.*`` keys): the
+    :class:`~.vllm_setup.VLLMModelOptions` (as vLLM's ``--dtype``, ``--max-model-len``,
+    ``--seed``: server ``i`` gets ``seed * 1000 + i``, and ``--gpu-memory-utilization``) and
 
     Args:
         model_path: a Hugging Face model directory.
         tokenizer_path: the tokenizer (None: ``model_path``).
-        dtype, max_model_len, seed: vLLM's ``--dtype``, ``--max-model-len``, ``--seed``
-            (server ``i`` gets ``seed * 1000 + i``).
-        num_threads: ``OMP_NUM_THREADS`` of each server (None: inherited).
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` on CPU.
-        gpu_memory_utilization: ``--gpu-memory-utilization`` on CUDA.
         python: the interpreter that runs the servers (None: this one).
         extra_args: more vLLM server arguments, appended as given.
     """
 
     model_path: str
     tokenizer_path: str | None = None
-    dtype: str = "float32"
-    max_model_len: int = 1024
-    seed: int = 0
-    num_threads: int | None = None
-    kv_cache_gib: int = 1
     gpu_memory_utilization: float = 0.9
     python: str | None = None
     extra_args: tuple[str, ...] = ()

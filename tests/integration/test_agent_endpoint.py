@@ -19,6 +19,7 @@ from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.agent_workflow import AgentWorkflow
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.calculator import calculate
+from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.openai_proxy import AgentProxy
 from areal_m2po.rollout.openai_request import parse_tool_calls
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
@@ -434,16 +435,14 @@ def test_executor_close_stops_the_agent_endpoint(mode: str) -> None:
     record = {"question": "What is 2 + 2?", "answer": "4", "prompt_ids": [5, 6]}
     executor: Any
     if mode == "sync":
-        executor = SyncRolloutExecutor(
-            engine, workflow, context, 2, _loader_of(record), staleness=0, seed=1
-        )
+        setup = RolloutSetup(engine, workflow, context, 2)
+        executor = SyncRolloutExecutor(setup, _loader_of(record), staleness=0, seed=1)
         executor.start(lambda: iter(()), 0)
         executor.next_batch()  # one episode through the endpoint
     else:
         budget = StalenessBudget(1, 1, 0, 1)
-        executor = AsyncRolloutExecutor(
-            engine, workflow, context, 2, budget, _loader_of(record).next_batch
-        )
+        setup = RolloutSetup(engine, workflow, context, 2)
+        executor = AsyncRolloutExecutor(setup, budget, _loader_of(record).next_batch)
         executor.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
         executor.next_batch()
     thread, port = workflow.proxy._thread, workflow.proxy.port

@@ -13,6 +13,7 @@ from agentic_helpers import tiny_model_and_tokenizer
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
+from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
 from areal_m2po.rollout.multi_turn_eval import evaluate_multi_turn
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
@@ -85,7 +86,8 @@ def test_executor_evaluates_greedy_multi_turn_episodes(batch_size: int) -> None:
     engine = ScriptedPolicy(tokenizer)
     context = _context(tokenizer)
     workflow = MultiTurnWorkflow(context, environment="calculator", max_turns=3)
-    executor = SyncRolloutExecutor(engine, workflow, context, 2, loader=None, staleness=0, seed=1)
+    setup = RolloutSetup(engine, workflow, context, 2)
+    executor = SyncRolloutExecutor(setup, loader=None, staleness=0, seed=1)
     try:
         sums = executor.evaluate(_records(tokenizer), batch_size)
     finally:
@@ -125,9 +127,8 @@ def test_aevaluate_result_missing_a_metric_is_refused_in_one_line() -> None:
             return {"correct": 1.0}
 
     context = _context(tokenizer)
-    executor = SyncRolloutExecutor(
-        ScriptedPolicy(tokenizer), Forgetful(context), context, 2, None, 0, 1, workflow_name="w"
-    )
+    setup = RolloutSetup(ScriptedPolicy(tokenizer), Forgetful(context), context, 2, "w")
+    executor = SyncRolloutExecutor(setup, None, 0, 1)
     with pytest.raises(RuntimeError, match="rollout.workflow w: aevaluate returned no .*turns"):
         executor.evaluate(_records(tokenizer)[:1], 1)
     executor.close()

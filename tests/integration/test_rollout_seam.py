@@ -29,6 +29,7 @@ from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.reward.runner import RewardRunner
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.batch import groups_to_batch
+from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.hf_engine import HFInferenceEngine, plan_calls
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.rlvr import RLVRWorkflow
@@ -74,14 +75,15 @@ def _context(tok, eos, reward, gconfig=GCONFIG) -> WorkflowContext:
 
 
 def _sync(engine, workflow, ctx, records, seed=3):
-    return SyncRolloutExecutor(engine, workflow, ctx, engine.pad_id, _Loader(records), 0, seed)
+    return SyncRolloutExecutor(
+        RolloutSetup(engine, workflow, ctx, engine.pad_id), _Loader(records), 0, seed
+    )
 
 
 def _async(engine, workflow, ctx, records):
     budget = StalenessBudget(len(records), N, 0, len(records) * N)
-    ex = AsyncRolloutExecutor(
-        engine, workflow, ctx, engine.pad_id, budget, _Loader(records).next_batch
-    )
+    setup = RolloutSetup(engine, workflow, ctx, engine.pad_id)
+    ex = AsyncRolloutExecutor(setup, budget, _Loader(records).next_batch)
     ex.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
     return ex
 

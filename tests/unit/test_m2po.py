@@ -372,7 +372,8 @@ def test_global_scope_in_one_process_is_the_rule_on_the_batch():
     old = -torch.rand(6, 40, generator=g) * 3
     prox = old + 0.3 * torch.randn(6, 40, generator=g)
     mask = torch.rand(6, 40, generator=g) < 0.8
-    keep, stats = global_m2po_mask(old, prox, mask, 0.04)
+    batch = {"behave_logp": old, "prox_logp": prox, "loss_mask": mask}
+    keep, stats = global_m2po_mask(batch, 0.04)
     assert torch.equal(keep, _apply_m2po_masking(old, prox, mask, 0.04))
     want = m2po_stats(m2_per_token(old, prox, mask), mask, keep, 0.04)
     assert 0 < stats["m2po/n_masked"] < stats["m2po/n_valid"]

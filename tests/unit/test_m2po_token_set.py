@@ -48,6 +48,12 @@ def _grid(rows: list[list[float]]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
+def _mb(behave, prox, valid, adv=None) -> dict[str, torch.Tensor]:
+    """A minibatch as :func:`global_m2po_mask` reads it."""
+    mb = {"behave_logp": behave, "prox_logp": prox, "loss_mask": valid}
+    return mb if adv is None else {**mb, "advantages": adv}
+
+
 def test_hand_case_masks_only_in_quadrant_tokens():
     # 1 x 6 tokens, behave 0 everywhere, so m2 = prox^2 and r > 1 <=> prox > 0
     behave = _grid([[0.0] * 6])
@@ -120,12 +126,52 @@ def test_random_batches_match_the_reference(seed):
     assert keep.flatten().tolist() == want_keep
     assert trust_region_tokens(behave, prox, adv, valid).flatten().tolist() == want_region
     # global scope in one process: the same mask and the same stats as the micro-batch path
-    keep_g, stats_g = global_m2po_mask(behave, prox, valid, thr, adv, "trust_region")
+    keep_g, stats_g = global_m2po_mask(_mb(behave, prox, valid, adv), thr, "trust_region")
     assert torch.equal(keep_g, keep)
     _, stats_mb = m2po_mask(behave, prox, valid, thr, advantages=adv, token_set="trust_region")
     assert stats_g.keys() == {k for k in stats_mb}
     for k, v in stats_mb.items():
         assert stats_g[k] == pytest.approx(v.item(), rel=1e-6, abs=1e-12), k
+
+
+@pytest.mark.parametrize("token_set", ["all", "trust_region"])
+def test_gathered_ranks_get_the_rule_of_the_concatenated_batch(token_set):
+    """``m2po_mask(gather=...)`` on each of two ranks' rows (uneven: 2 and 3 rows) gives the
+    rows of the mask of the whole batch and its stats."""
+    g = torch.Generator().manual_seed(11)
+    behave = -torch.rand(5, 23, generator=g) * 3
+    prox = behave + 0.4 * torch.randn(5, 23, generator=g)
+    adv = torch.randn(5, 23, generator=g).round()
+    valid = torch.rand(5, 23, generator=g) < 0.8
+    shares = [slice(0, 2), slice(2, 5)]
+    sent: list[torch.Tensor] = []
+
+    def record(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+        sent.append(t)
+        return [t], 0
+
+    for rows in shares:  # what each rank puts into the collective
+        args = (behave[rows], prox[rows], valid[rows], 0.04)
+        m2po_mask(*args, advantages=adv[rows], token_set=token_set, gather=record)
+    want_keep, want_stats = m2po_mask(
+        behave, prox, valid, 0.04, advantages=adv, token_set=token_set, stats_dtype=torch.float64
+    )
+    for rank, rows in enumerate(shares):
+        keep, stats = m2po_mask(
+            behave[rows],
+            prox[rows],
+            valid[rows],
+            0.04,
+            advantages=adv[rows],
+            token_set=token_set,
+            gather=lambda t, rank=rank: (sent[-2:], rank),
+            stats_dtype=torch.float64,
+        )
+        assert torch.equal(keep, want_keep[rows]), rank
+        assert stats.keys() == want_stats.keys()
+        for k, v in want_stats.items():
+            assert torch.equal(stats[k], v), (rank, k)
+    assert 0 < want_stats["m2po/n_masked"] < want_stats["m2po/n_valid"]
 
 
 def test_global_all_token_set_unchanged_by_the_advantages():
@@ -134,8 +180,8 @@ def test_global_all_token_set_unchanged_by_the_advantages():
     prox = behave + 0.3 * torch.randn(4, 20, generator=g)
     adv = torch.randn(4, 20, generator=g)
     valid = torch.rand(4, 20, generator=g) < 0.8
-    keep_plain, stats_plain = global_m2po_mask(behave, prox, valid, 0.04)
-    keep_adv, stats_adv = global_m2po_mask(behave, prox, valid, 0.04, adv, "all")
+    keep_plain, stats_plain = global_m2po_mask(_mb(behave, prox, valid), 0.04)
+    keep_adv, stats_adv = global_m2po_mask(_mb(behave, prox, valid, adv), 0.04, "all")
     assert torch.equal(keep_plain, keep_adv)
     assert torch.equal(keep_plain, _apply_m2po_masking(behave, prox, valid, 0.04))
     for k, v in stats_plain.items():

@@ -29,6 +29,7 @@ from areal_m2po.api.workflow_api import (
 from areal_m2po.engine.sglang_client import ServerError
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.batch import groups_to_batch
+from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.remote_engine import (
     RemoteEngineOptions,
     RemoteSGLangEngine,
@@ -219,10 +220,7 @@ def _remote(fake, batch_groups, n, eta, max_conc, tmp_path, tolerate=False):
     )
     context = WorkflowContext(None, GenerationConfig(n_samples=n), SamplingParams(3), [0], None)
     executor = AsyncRolloutExecutor(
-        engine,
-        _Sampler(n),
-        context,
-        pad_id=0,
+        RolloutSetup(engine, _Sampler(n), context, pad_id=0),
         budget=StalenessBudget(batch_groups, n, eta, max_conc),
         prompt_source=lambda: (records, 0),
     )

@@ -115,3 +115,19 @@ def test_server_command():
     )
     gpu = server_command(o, 1234, 0, on_gpu=True)
     assert "--enforce-eager" not in gpu and "--gpu-memory-utilization" in gpu
+
+
+def test_engine_options_take_the_rollout_keys_of_their_names():
+    from areal_m2po.api.cli_args import RolloutConfig
+    from areal_m2po.rollout.remote_engine import RemoteEngineOptions
+    from areal_m2po.rollout.vllm_server_engine import VLLMServerEngineOptions
+
+    roll = RolloutConfig(setup_timeout=7.0, request_timeout=8.0, health_check_timeout=9.0)
+    remote = roll.engine_options(RemoteEngineOptions)
+    assert (remote.setup_timeout, remote.request_timeout, remote.health_check_timeout) == (7, 8, 9)
+    assert remote.health_check_interval == roll.health_check_interval
+    assert remote.tolerate_server_failures == roll.tolerate_server_failures
+    vllm = roll.engine_options(VLLMServerEngineOptions, weights_root="/w", setup_timeout=1.0)
+    assert vllm == VLLMServerEngineOptions(
+        weights_root="/w", setup_timeout=1.0, request_timeout=8.0, health_check_timeout=9.0
+    )

@@ -59,44 +59,33 @@ KL_CLAMP = 10.0
 __all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
 
 
-def global_m2po_mask(
-    behave_logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    loss_mask: torch.Tensor,
-    m2_threshold: float,
-    advantages: torch.Tensor | None = None,
-    token_set: str = "all",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The M2PO keep mask of this rank's rows, computed over the tokens of all ranks.
+def gather_ranks(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+    """:data:`m2po.RankGather` over this run's processes: every rank's ``t`` (1-D), in rank
+    order, and this rank's index."""
+    everything, sizes = dist.all_gather_cat(t)
+    return list(everything.split(sizes)), dist.rank()
 
-    Every rank gathers the m2 of every valid token and whether it is a candidate of
-    ``token_set`` (rank-major order), applies the rule to the concatenated candidates
-    (:func:`m2po.m2po_mask_of_m2`) and keeps its own slice, so the mask equals the rule applied
-    to the concatenated minibatch. Returns the mask (bool, like ``loss_mask``) and the global
-    :func:`m2po.m2po_stats` as Python floats of their float64 values (with ``advantages``, the
-    quadrant stats too).
+
+def global_m2po_mask(
+    mb: Mapping[str, torch.Tensor], m2_threshold: float, token_set: str = "all"
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The M2PO keep mask of this rank's rows of the minibatch ``mb`` (its ``behave_logp``,
+    ``prox_logp``, ``loss_mask`` and, when it has them, ``advantages``), computed over the
+    tokens of all ranks (:func:`m2po.m2po_mask` with :func:`gather_ranks`), so the mask equals
+    the rule applied to the concatenated minibatch. Returns the mask (bool, like
+    ``loss_mask``) and the global :func:`m2po.m2po_stats` as Python floats of their float64
+    values (with ``advantages``, the quadrant stats too).
     """
-    m2_grid = m2po.m2_per_token(behave_logp, prox_logp, loss_mask)
-    in_region, candidates = m2po.m2po_candidates(
-        token_set, behave_logp, prox_logp, loss_mask, advantages
+    keep, stats = m2po.m2po_mask(
+        mb["behave_logp"],
+        mb["prox_logp"],
+        mb["loss_mask"],
+        m2_threshold,
+        advantages=mb.get("advantages"),
+        token_set=token_set,
+        gather=gather_ranks,
+        stats_dtype=torch.float64,
     )
-    m2_local = m2_grid[loss_mask]
-    # one collective: the m2 values, then 0/1 flags (candidate, in quadrant)
-    flags = [candidates[loss_mask]] + ([] if in_region is None else [in_region[loss_mask]])
-    packed = torch.cat([m2_local] + [f.to(torch.float64) for f in flags])
-    packed_all, sizes = dist.all_gather_cat(packed)
-    n_flags = 1 + len(flags)
-    parts = [p.view(n_flags, -1) for p in packed_all.split(sizes)]
-    rows = [torch.cat([p[i] for p in parts]) for i in range(n_flags)]
-    m2_all, cand_all = rows[0], rows[1] > 0.5
-    region_all = rows[2] > 0.5 if in_region is not None else None
-    valid_all = torch.ones_like(cand_all)
-    keep_all, stats = m2po.m2po_mask_of_m2(
-        m2_all, valid_all, m2_threshold, cand_all, in_region=region_all, stats_dtype=torch.float64
-    )
-    offset = sum(sizes[: dist.rank()]) // n_flags
-    keep = torch.zeros_like(loss_mask)
-    keep[loss_mask] = keep_all[offset : offset + m2_local.numel()]
     return keep, {k: float(v) for k, v in stats.items()}
 
 
@@ -396,14 +385,7 @@ class PPOActor:
         if c.m2_threshold is None or c.m2_scope != "global":
             return {}
         with self.phases("m2po"):
-            mb["m2po_mask"], stats = global_m2po_mask(
-                mb["behave_logp"],
-                mb["prox_logp"],
-                mb["loss_mask"],
-                c.m2_threshold,
-                mb.get("advantages"),
-                c.m2_token_set,
-            )
+            mb["m2po_mask"], stats = global_m2po_mask(mb, c.m2_threshold, c.m2_token_set)
         return stats
 
     def _m2po_mask(
