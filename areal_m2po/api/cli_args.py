@@ -24,6 +24,7 @@ __all__ = [
     "MicroBatchSpec",
     "FSDPEngineConfig",
     "LoRAConfig",
+    "TrainedModelConfig",
     "TrainEngineConfig",
     "NormConfig",
     "RejectionSamplingConfig",
@@ -134,6 +135,18 @@ def _check_str(name: str, value: Any, optional: bool = False) -> None:
         raise ConfigError(name, f"must be a string, got {value!r}")
 
 
+def _check_nonempty_str(
+    name: str, value: Any, optional: bool = False, null_means: str = ""
+) -> None:
+    """A string that is not empty (or ``None`` when ``optional``; ``null_means`` then says what
+    ``None`` stands for, e.g. ``"means actor.path"``, in the message)."""
+    _check_str(name, value, optional)
+    if value == "":
+        raise ConfigError(
+            name, f"must not be empty (null {null_means})" if null_means else "must not be empty"
+        )
+
+
 def _validate_choices(obj: Any) -> None:
     """Check every field that declares ``choices`` in its metadata."""
     for f in fields(obj):
@@ -142,11 +155,20 @@ def _validate_choices(obj: Any) -> None:
             _check_choice(f.name, getattr(obj, f.name), choices)
 
 
-def _validate_section(obj: Any, name: str, cls: type) -> None:
-    """Check that a nested section holds an instance of ``cls`` (``None`` where allowed)."""
+def _validate_section(obj: Any, name: str, cls: type, optional: bool = False) -> None:
+    """Check that a nested section holds an instance of ``cls`` (or ``None`` when ``optional``)."""
     value = getattr(obj, name)
+    if value is None and optional:
+        return
     if not isinstance(value, cls):
         raise ConfigError(name, f"must be a {cls.__name__} section, got {value!r}")
+
+
+def _validate_sections(obj: Any, sections: dict[str, type], optional: tuple[str, ...] = ()) -> None:
+    """:func:`_validate_section` for each ``name: cls`` of ``sections`` in turn; the names in
+    ``optional`` may also be ``None``."""
+    for name, cls in sections.items():
+        _validate_section(obj, name, cls, optional=name in optional)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,9 +321,14 @@ class LoRAConfig:
         _check_bool("save_merged", self.save_merged)
 
 
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
 @dataclass
-class TrainEngineConfig:
-    """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
+class TrainedModelConfig:
+    """The keys a trained model's section starts with (:class:`TrainEngineConfig`, whose
+    ``path`` help this is, and :class:`RWModelConfig`, which words ``path`` for its own
+    model), and their checks."""
 
     path: str = _field(
         "builtin:smollm2-135m-instruct",
@@ -310,10 +337,19 @@ class TrainEngineConfig:
         "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
+    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_nonempty_str("path", self.path)
+        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+
+
+@dataclass
+class TrainEngineConfig(TrainedModelConfig):
+    """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
+
     backend: str = _field(
         "ddp",
         "Data parallelism over the processes of `accelerate launch`: 'ddp' (every process holds "
@@ -332,16 +368,17 @@ class TrainEngineConfig:
     )
 
     def __post_init__(self) -> None:
-        _validate_choices(self)
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
-        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
-        if self.lora is not None:
-            _validate_section(self, "lora", LoRAConfig)
-        _validate_section(self, "fsdp", FSDPEngineConfig)
-        _validate_section(self, "optimizer", OptimizerConfig)
-        _validate_section(self, "mb_spec", MicroBatchSpec)
+        super().__post_init__()
+        _validate_sections(
+            self,
+            {
+                "lora": LoRAConfig,
+                "fsdp": FSDPEngineConfig,
+                "optimizer": OptimizerConfig,
+                "mb_spec": MicroBatchSpec,
+            },
+            optional=("lora",),
+        )
         if self.backend != "fsdp2" and not self.fsdp.is_default():
             changed = [
                 f.name
@@ -638,11 +675,15 @@ class ActorConfig(TrainEngineConfig):
         super().__post_init__()
         self._check_loss_fields()
         self._check_reward_fields()
-        for name in ("reward_norm", "adv_norm"):
-            if getattr(self, name) is not None:
-                _validate_section(self, name, NormConfig)
-        if self.rejection_sampling is not None:
-            _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
+        _validate_sections(
+            self,
+            {
+                "reward_norm": NormConfig,
+                "adv_norm": NormConfig,
+                "rejection_sampling": RejectionSamplingConfig,
+            },
+            optional=("reward_norm", "adv_norm", "rejection_sampling"),
+        )
         self._check_loss_combinations()
         if self.overlong_reward_penalty and (
             self.overlong_tokens is None or self.overlong_penalty_factor is None
@@ -778,9 +819,7 @@ class RefConfig:
 
     def __post_init__(self) -> None:
         _validate_choices(self)
-        _check_str("path", self.path, optional=True)
-        if self.path == "":
-            raise ConfigError("path", "must not be empty (null means actor.path)")
+        _check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1131,9 +1170,7 @@ class RewardModelConfig:
     )
     tokenizer_path: str | None = _field(None, "Tokenizer of the reward model (null: path).")
     dtype: str = _field("float32", "Reward model parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
+    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
     device: str | None = _field(
         None, "Device of the reward model, e.g. 'cuda:1' (null: the trainer's device)."
     )
@@ -1193,10 +1230,9 @@ class RewardConfig:
             raise ConfigError("path", f"must be 'module:function', got {self.path!r}")
         _check_number("timeout_s", self.timeout_s, gt=0)
         _check_number("max_workers", self.max_workers, ge=1, integer=True)
-        if self.model is not None:
-            _validate_section(self, "model", RewardModelConfig)
-            if not self.model.path:
-                raise ConfigError("model.path", "must be set when reward.model is on")
+        _validate_section(self, "model", RewardModelConfig, optional=True)
+        if self.model is not None and not self.model.path:
+            raise ConfigError("model.path", "must be set when reward.model is on")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1299,13 +1335,11 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
     """Check the keys every root config shares (names, seed, output_dir, length of the run,
     threads, tokenizer) and derive ``output_dir`` from the names when it is null."""
     for name in ("experiment_name", "trial_name"):
-        _check_str(name, getattr(run, name))
-        if not getattr(run, name):
-            raise ConfigError(name, "must not be empty")
+        _check_nonempty_str(name, getattr(run, name))
     _check_number("seed", run.seed, ge=0, integer=True)
-    _check_str("output_dir", run.output_dir, optional=True)
-    if run.output_dir == "":
-        raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
+    _check_nonempty_str(
+        "output_dir", run.output_dir, optional=True, null_means="derives it from the names"
+    )
     if run.output_dir is None:
         run.output_dir = f"outputs/{run.experiment_name}/{run.trial_name}"
     _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
@@ -1361,7 +1395,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         _check_run_fields(self)
-        sections = {
+        sections: dict[str, type] = {
             "actor": ActorConfig,
             "ref": RefConfig,
             "critic": CriticConfig,
@@ -1375,8 +1409,7 @@ class PPOConfig:
             "evaluator": EvaluatorConfig,
             "stats_logger": StatsLoggerConfig,
         }
-        for name, cls in sections.items():
-            _validate_section(self, name, cls)
+        _validate_sections(self, sections)
         self._check_combinations()
         self._check_behaviour_logprobs()
 
@@ -1550,7 +1583,7 @@ class PPOConfig:
 
 
 @dataclass
-class RWModelConfig:
+class RWModelConfig(TrainedModelConfig):
     """The reward model being trained: ``AutoModelForSequenceClassification`` with one label
     built from a causal LM (a fresh scalar head on its body), scoring the last real token."""
 
@@ -1559,11 +1592,6 @@ class RWModelConfig:
         "Causal LM (or sequence-classification model) to start from: a local directory, hub "
         "id, 'builtin:smollm2-135m-instruct' or 'builtin:tiny'.",
     )
-    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
-    gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
     micro_batch_size: int | None = _field(
         None,
@@ -1578,14 +1606,10 @@ class RWModelConfig:
     )
 
     def __post_init__(self) -> None:
-        _validate_choices(self)
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
-        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
-        if self.lora is not None:
-            _validate_section(self, "lora", LoRAConfig)
-        _validate_section(self, "optimizer", OptimizerConfig)
+        super().__post_init__()
+        _validate_sections(
+            self, {"lora": LoRAConfig, "optimizer": OptimizerConfig}, optional=("lora",)
+        )
         _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
 
 
@@ -1611,9 +1635,7 @@ class PreferenceDatasetConfig:
     drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
-        _check_str("path", self.path, optional=True)
-        if self.path == "":
-            raise ConfigError("path", "must not be empty")
+        _check_nonempty_str("path", self.path, optional=True)
         _check_str("split", self.split)
         _check_number("batch_size", self.batch_size, ge=1, integer=True)
         _check_bool("shuffle", self.shuffle)
@@ -1669,16 +1691,15 @@ class RWConfig:
         _check_number(
             "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
         )
-        for name, cls in (
-            ("model", RWModelConfig),
-            ("train_dataset", PreferenceDatasetConfig),
-            ("evaluator", EvaluatorConfig),
-            ("saver", SaverConfig),
-            ("stats_logger", StatsLoggerConfig),
-        ):
-            _validate_section(self, name, cls)
-        if self.valid_dataset is not None:
-            _validate_section(self, "valid_dataset", PreferenceDatasetConfig)
+        sections: dict[str, type] = {
+            "model": RWModelConfig,
+            "train_dataset": PreferenceDatasetConfig,
+            "evaluator": EvaluatorConfig,
+            "saver": SaverConfig,
+            "stats_logger": StatsLoggerConfig,
+            "valid_dataset": PreferenceDatasetConfig,
+        }
+        _validate_sections(self, sections, optional=("valid_dataset",))
 
     def check_required(self) -> None:
         """Fields that have no usable default; checked when a run starts (so ``RWConfig()``,
@@ -1725,9 +1746,7 @@ class SFTDatasetConfig:
     drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
+        _check_nonempty_str("path", self.path)
         _check_str("split", self.split)
         _check_number("batch_size", self.batch_size, ge=1, integer=True)
         _check_bool("shuffle", self.shuffle)
@@ -1791,14 +1810,13 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check_run_fields(self)
         _check_number("max_length", self.max_length, ge=2, integer=True)
-        for name, cls in (
-            ("model", TrainEngineConfig),
-            ("train_dataset", SFTDatasetConfig),
-            ("evaluator", EvaluatorConfig),
-            ("saver", SaverConfig),
-            ("recover", RecoverConfig),
-            ("stats_logger", StatsLoggerConfig),
-        ):
-            _validate_section(self, name, cls)
-        if self.valid_dataset is not None:
-            _validate_section(self, "valid_dataset", SFTDatasetConfig)
+        sections: dict[str, type] = {
+            "model": TrainEngineConfig,
+            "train_dataset": SFTDatasetConfig,
+            "evaluator": EvaluatorConfig,
+            "saver": SaverConfig,
+            "recover": RecoverConfig,
+            "stats_logger": StatsLoggerConfig,
+            "valid_dataset": SFTDatasetConfig,
+        }
+        _validate_sections(self, sections, optional=("valid_dataset",))
