@@ -15,7 +15,8 @@ This module imports nothing else of areal_m2po.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
@@ -164,11 +165,31 @@ def _validate_section(obj: Any, name: str, cls: type, optional: bool = False) ->
         raise ConfigError(name, f"must be a {cls.__name__} section, got {value!r}")
 
 
-def _validate_sections(obj: Any, sections: dict[str, type], optional: tuple[str, ...] = ()) -> None:
-    """:func:`_validate_section` for each ``name: cls`` of ``sections`` in turn; the names in
-    ``optional`` may also be ``None``."""
-    for name, cls in sections.items():
-        _validate_section(obj, name, cls, optional=name in optional)
+_SectionFields = tuple[tuple[str, type, bool], ...]
+_section_fields_of: dict[type, _SectionFields] = {}  # filled on first use, per class
+
+
+def _section_fields(cls: type) -> _SectionFields:
+    """``(name, section class, optional)`` of each field of dataclass ``cls`` annotated as a
+    section (``XConfig`` or ``XConfig | None``): the required ones in field order, then the
+    optional ones."""
+    if cls not in _section_fields_of:
+        hints = typing.get_type_hints(cls)
+        found = []
+        for f in fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            sections = [a for a in args if isinstance(a, type) and is_dataclass(a)]
+            if sections:
+                found.append((f.name, sections[0], type(None) in args))
+        _section_fields_of[cls] = tuple(sorted(found, key=lambda section: section[2]))
+    return _section_fields_of[cls]
+
+
+def _validate_sections(obj: object) -> None:
+    """:func:`_validate_section` for every section field of ``obj`` (its annotation names the
+    class), the required ones first."""
+    for name, cls, optional in _section_fields(type(obj)):
+        _validate_section(obj, name, cls, optional)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,16 +390,10 @@ class TrainEngineConfig(TrainedModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _validate_sections(
-            self,
-            {
-                "lora": LoRAConfig,
-                "fsdp": FSDPEngineConfig,
-                "optimizer": OptimizerConfig,
-                "mb_spec": MicroBatchSpec,
-            },
-            optional=("lora",),
-        )
+        _validate_section(self, "lora", LoRAConfig, optional=True)
+        _validate_section(self, "fsdp", FSDPEngineConfig)
+        _validate_section(self, "optimizer", OptimizerConfig)
+        _validate_section(self, "mb_spec", MicroBatchSpec)
         if self.backend != "fsdp2" and not self.fsdp.is_default():
             changed = [
                 f.name
@@ -675,15 +690,9 @@ class ActorConfig(TrainEngineConfig):
         super().__post_init__()
         self._check_loss_fields()
         self._check_reward_fields()
-        _validate_sections(
-            self,
-            {
-                "reward_norm": NormConfig,
-                "adv_norm": NormConfig,
-                "rejection_sampling": RejectionSamplingConfig,
-            },
-            optional=("reward_norm", "adv_norm", "rejection_sampling"),
-        )
+        for name in ("reward_norm", "adv_norm"):
+            _validate_section(self, name, NormConfig, optional=True)
+        _validate_section(self, "rejection_sampling", RejectionSamplingConfig, optional=True)
         self._check_loss_combinations()
         if self.overlong_reward_penalty and (
             self.overlong_tokens is None or self.overlong_penalty_factor is None
@@ -1395,21 +1404,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         _check_run_fields(self)
-        sections: dict[str, type] = {
-            "actor": ActorConfig,
-            "ref": RefConfig,
-            "critic": CriticConfig,
-            "gconfig": GenerationConfig,
-            "rollout": RolloutConfig,
-            "train_dataset": DatasetConfig,
-            "valid_dataset": DatasetConfig,
-            "reward": RewardConfig,
-            "saver": SaverConfig,
-            "recover": RecoverConfig,
-            "evaluator": EvaluatorConfig,
-            "stats_logger": StatsLoggerConfig,
-        }
-        _validate_sections(self, sections)
+        _validate_sections(self)
         self._check_combinations()
         self._check_behaviour_logprobs()
 
@@ -1607,9 +1602,8 @@ class RWModelConfig(TrainedModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _validate_sections(
-            self, {"lora": LoRAConfig, "optimizer": OptimizerConfig}, optional=("lora",)
-        )
+        _validate_section(self, "lora", LoRAConfig, optional=True)
+        _validate_section(self, "optimizer", OptimizerConfig)
         _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
 
 
@@ -1691,15 +1685,7 @@ class RWConfig:
         _check_number(
             "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
         )
-        sections: dict[str, type] = {
-            "model": RWModelConfig,
-            "train_dataset": PreferenceDatasetConfig,
-            "evaluator": EvaluatorConfig,
-            "saver": SaverConfig,
-            "stats_logger": StatsLoggerConfig,
-            "valid_dataset": PreferenceDatasetConfig,
-        }
-        _validate_sections(self, sections, optional=("valid_dataset",))
+        _validate_sections(self)
 
     def check_required(self) -> None:
         """Fields that have no usable default; checked when a run starts (so ``RWConfig()``,
@@ -1810,13 +1796,4 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check_run_fields(self)
         _check_number("max_length", self.max_length, ge=2, integer=True)
-        sections: dict[str, type] = {
-            "model": TrainEngineConfig,
-            "train_dataset": SFTDatasetConfig,
-            "evaluator": EvaluatorConfig,
-            "saver": SaverConfig,
-            "recover": RecoverConfig,
-            "stats_logger": StatsLoggerConfig,
-            "valid_dataset": SFTDatasetConfig,
-        }
-        _validate_sections(self, sections, optional=("valid_dataset",))
+        _validate_sections(self)
