@@ -347,9 +347,9 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
 @dataclass
 class TrainedModelConfig:
-    """The keys a trained model's section starts with (:class:`TrainEngineConfig`, whose
-    ``path`` help this is, and :class:`RWModelConfig`, which words ``path`` for its own
-    model), and their checks."""
+    """The keys every trained model's section starts with, and their checks: the sections of
+    :class:`TrainEngineConfig` (whose ``path`` help this is) and :class:`RWModelConfig` (which
+    restates ``path`` with its own help)."""
 
     path: str = _field(
         "builtin:smollm2-135m-instruct",
