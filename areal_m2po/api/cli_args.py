@@ -165,24 +165,18 @@ def _validate_section(obj: Any, name: str, cls: type, optional: bool = False) ->
         raise ConfigError(name, f"must be a {cls.__name__} section, got {value!r}")
 
 
-_SectionFields = tuple[tuple[str, type, bool], ...]
-_section_fields_of: dict[type, _SectionFields] = {}  # filled on first use, per class
-
-
-def _section_fields(cls: type) -> _SectionFields:
+def _section_fields(cls: type) -> list[tuple[str, type, bool]]:
     """``(name, section class, optional)`` of each field of dataclass ``cls`` annotated as a
     section (``XConfig`` or ``XConfig | None``): the required ones in field order, then the
     optional ones."""
-    if cls not in _section_fields_of:
-        hints = typing.get_type_hints(cls)
-        found = []
-        for f in fields(cls):
-            args = typing.get_args(hints[f.name]) or (hints[f.name],)
-            sections = [a for a in args if isinstance(a, type) and is_dataclass(a)]
-            if sections:
-                found.append((f.name, sections[0], type(None) in args))
-        _section_fields_of[cls] = tuple(sorted(found, key=lambda section: section[2]))
-    return _section_fields_of[cls]
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in fields(cls):
+        args = typing.get_args(hints[f.name]) or (hints[f.name],)
+        sections = [a for a in args if isinstance(a, type) and is_dataclass(a)]
+        if sections:
+            found.append((f.name, sections[0], type(None) in args))
+    return sorted(found, key=lambda section: section[2])
 
 
 def _validate_sections(obj: object) -> None:
