@@ -15,7 +15,8 @@ This module imports nothing else of areal_m2po.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MicroBatchSpec",
     "FSDPEngineConfig",
     "LoRAConfig",
+    "TrainedModelConfig",
     "TrainEngineConfig",
     "NormConfig",
     "RejectionSamplingConfig",
@@ -134,6 +136,18 @@ def _check_str(name: str, value: Any, optional: bool = False) -> None:
         raise ConfigError(name, f"must be a string, got {value!r}")
 
 
+def _check_nonempty_str(
+    name: str, value: Any, optional: bool = False, null_means: str = ""
+) -> None:
+    """A string that is not empty (or ``None`` when ``optional``; ``null_means`` then says what
+    ``None`` stands for, e.g. ``"means actor.path"``, in the message)."""
+    _check_str(name, value, optional)
+    if value == "":
+        raise ConfigError(
+            name, f"must not be empty (null {null_means})" if null_means else "must not be empty"
+        )
+
+
 def _validate_choices(obj: Any) -> None:
     """Check every field that declares ``choices`` in its metadata."""
     for f in fields(obj):
@@ -142,11 +156,34 @@ def _validate_choices(obj: Any) -> None:
             _check_choice(f.name, getattr(obj, f.name), choices)
 
 
-def _validate_section(obj: Any, name: str, cls: type) -> None:
-    """Check that a nested section holds an instance of ``cls`` (``None`` where allowed)."""
+def _validate_section(obj: Any, name: str, cls: type, optional: bool = False) -> None:
+    """Check that a nested section holds an instance of ``cls`` (or ``None`` when ``optional``)."""
     value = getattr(obj, name)
+    if value is None and optional:
+        return
     if not isinstance(value, cls):
         raise ConfigError(name, f"must be a {cls.__name__} section, got {value!r}")
+
+
+def _section_fields(cls: type) -> list[tuple[str, type, bool]]:
+    """``(name, section class, optional)`` of each field of dataclass ``cls`` annotated as a
+    section (``XConfig`` or ``XConfig | None``): the required ones in field order, then the
+    optional ones."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in fields(cls):
+        args = typing.get_args(hints[f.name]) or (hints[f.name],)
+        sections = [a for a in args if isinstance(a, type) and is_dataclass(a)]
+        if sections:
+            found.append((f.name, sections[0], type(None) in args))
+    return sorted(found, key=lambda section: section[2])
+
+
+def _validate_sections(obj: object) -> None:
+    """:func:`_validate_section` for every section field of ``obj`` (its annotation names the
+    class), the required ones first."""
+    for name, cls, optional in _section_fields(type(obj)):
+        _validate_section(obj, name, cls, optional)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,9 +336,14 @@ class LoRAConfig:
         _check_bool("save_merged", self.save_merged)
 
 
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
 @dataclass
-class TrainEngineConfig:
-    """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
+class TrainedModelConfig:
+    """The keys every trained model's section starts with, and their checks: the sections of
+    :class:`TrainEngineConfig` (whose ``path`` help this is) and :class:`RWModelConfig` (which
+    restates ``path`` with its own help)."""
 
     path: str = _field(
         "builtin:smollm2-135m-instruct",
@@ -310,10 +352,19 @@ class TrainEngineConfig:
         "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
+    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_nonempty_str("path", self.path)
+        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+
+
+@dataclass
+class TrainEngineConfig(TrainedModelConfig):
+    """A Hugging Face causal LM trained through an Accelerate-prepared engine."""
+
     backend: str = _field(
         "ddp",
         "Data parallelism over the processes of `accelerate launch`: 'ddp' (every process holds "
@@ -332,13 +383,8 @@ class TrainEngineConfig:
     )
 
     def __post_init__(self) -> None:
-        _validate_choices(self)
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
-        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
-        if self.lora is not None:
-            _validate_section(self, "lora", LoRAConfig)
+        super().__post_init__()
+        _validate_section(self, "lora", LoRAConfig, optional=True)
         _validate_section(self, "fsdp", FSDPEngineConfig)
         _validate_section(self, "optimizer", OptimizerConfig)
         _validate_section(self, "mb_spec", MicroBatchSpec)
@@ -639,10 +685,8 @@ class ActorConfig(TrainEngineConfig):
         self._check_loss_fields()
         self._check_reward_fields()
         for name in ("reward_norm", "adv_norm"):
-            if getattr(self, name) is not None:
-                _validate_section(self, name, NormConfig)
-        if self.rejection_sampling is not None:
-            _validate_section(self, "rejection_sampling", RejectionSamplingConfig)
+            _validate_section(self, name, NormConfig, optional=True)
+        _validate_section(self, "rejection_sampling", RejectionSamplingConfig, optional=True)
         self._check_loss_combinations()
         if self.overlong_reward_penalty and (
             self.overlong_tokens is None or self.overlong_penalty_factor is None
@@ -778,9 +822,7 @@ class RefConfig:
 
     def __post_init__(self) -> None:
         _validate_choices(self)
-        _check_str("path", self.path, optional=True)
-        if self.path == "":
-            raise ConfigError("path", "must not be empty (null means actor.path)")
+        _check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1131,9 +1173,7 @@ class RewardModelConfig:
     )
     tokenizer_path: str | None = _field(None, "Tokenizer of the reward model (null: path).")
     dtype: str = _field("float32", "Reward model parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
+    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
     device: str | None = _field(
         None, "Device of the reward model, e.g. 'cuda:1' (null: the trainer's device)."
     )
@@ -1193,10 +1233,9 @@ class RewardConfig:
             raise ConfigError("path", f"must be 'module:function', got {self.path!r}")
         _check_number("timeout_s", self.timeout_s, gt=0)
         _check_number("max_workers", self.max_workers, ge=1, integer=True)
-        if self.model is not None:
-            _validate_section(self, "model", RewardModelConfig)
-            if not self.model.path:
-                raise ConfigError("model.path", "must be set when reward.model is on")
+        _validate_section(self, "model", RewardModelConfig, optional=True)
+        if self.model is not None and not self.model.path:
+            raise ConfigError("model.path", "must be set when reward.model is on")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1299,13 +1338,11 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
     """Check the keys every root config shares (names, seed, output_dir, length of the run,
     threads, tokenizer) and derive ``output_dir`` from the names when it is null."""
     for name in ("experiment_name", "trial_name"):
-        _check_str(name, getattr(run, name))
-        if not getattr(run, name):
-            raise ConfigError(name, "must not be empty")
+        _check_nonempty_str(name, getattr(run, name))
     _check_number("seed", run.seed, ge=0, integer=True)
-    _check_str("output_dir", run.output_dir, optional=True)
-    if run.output_dir == "":
-        raise ConfigError("output_dir", "must not be empty (null derives it from the names)")
+    _check_nonempty_str(
+        "output_dir", run.output_dir, optional=True, null_means="derives it from the names"
+    )
     if run.output_dir is None:
         run.output_dir = f"outputs/{run.experiment_name}/{run.trial_name}"
     _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
@@ -1361,22 +1398,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         _check_run_fields(self)
-        sections = {
-            "actor": ActorConfig,
-            "ref": RefConfig,
-            "critic": CriticConfig,
-            "gconfig": GenerationConfig,
-            "rollout": RolloutConfig,
-            "train_dataset": DatasetConfig,
-            "valid_dataset": DatasetConfig,
-            "reward": RewardConfig,
-            "saver": SaverConfig,
-            "recover": RecoverConfig,
-            "evaluator": EvaluatorConfig,
-            "stats_logger": StatsLoggerConfig,
-        }
-        for name, cls in sections.items():
-            _validate_section(self, name, cls)
+        _validate_sections(self)
         self._check_combinations()
         self._check_behaviour_logprobs()
 
@@ -1550,7 +1572,7 @@ class PPOConfig:
 
 
 @dataclass
-class RWModelConfig:
+class RWModelConfig(TrainedModelConfig):
     """The reward model being trained: ``AutoModelForSequenceClassification`` with one label
     built from a causal LM (a fresh scalar head on its body), scoring the last real token."""
 
@@ -1559,11 +1581,6 @@ class RWModelConfig:
         "Causal LM (or sequence-classification model) to start from: a local directory, hub "
         "id, 'builtin:smollm2-135m-instruct' or 'builtin:tiny'.",
     )
-    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field(
-        "sdpa", "Attention kernel.", choices=("sdpa", "eager", "flash_attention_2")
-    )
-    gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
     micro_batch_size: int | None = _field(
         None,
@@ -1578,13 +1595,8 @@ class RWModelConfig:
     )
 
     def __post_init__(self) -> None:
-        _validate_choices(self)
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
-        _check_bool("gradient_checkpointing", self.gradient_checkpointing)
-        if self.lora is not None:
-            _validate_section(self, "lora", LoRAConfig)
+        super().__post_init__()
+        _validate_section(self, "lora", LoRAConfig, optional=True)
         _validate_section(self, "optimizer", OptimizerConfig)
         _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
 
@@ -1611,9 +1623,7 @@ class PreferenceDatasetConfig:
     drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
-        _check_str("path", self.path, optional=True)
-        if self.path == "":
-            raise ConfigError("path", "must not be empty")
+        _check_nonempty_str("path", self.path, optional=True)
         _check_str("split", self.split)
         _check_number("batch_size", self.batch_size, ge=1, integer=True)
         _check_bool("shuffle", self.shuffle)
@@ -1669,16 +1679,7 @@ class RWConfig:
         _check_number(
             "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
         )
-        for name, cls in (
-            ("model", RWModelConfig),
-            ("train_dataset", PreferenceDatasetConfig),
-            ("evaluator", EvaluatorConfig),
-            ("saver", SaverConfig),
-            ("stats_logger", StatsLoggerConfig),
-        ):
-            _validate_section(self, name, cls)
-        if self.valid_dataset is not None:
-            _validate_section(self, "valid_dataset", PreferenceDatasetConfig)
+        _validate_sections(self)
 
     def check_required(self) -> None:
         """Fields that have no usable default; checked when a run starts (so ``RWConfig()``,
@@ -1725,9 +1726,7 @@ class SFTDatasetConfig:
     drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
-        _check_str("path", self.path)
-        if not self.path:
-            raise ConfigError("path", "must not be empty")
+        _check_nonempty_str("path", self.path)
         _check_str("split", self.split)
         _check_number("batch_size", self.batch_size, ge=1, integer=True)
         _check_bool("shuffle", self.shuffle)
@@ -1791,14 +1790,4 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check_run_fields(self)
         _check_number("max_length", self.max_length, ge=2, integer=True)
-        for name, cls in (
-            ("model", TrainEngineConfig),
-            ("train_dataset", SFTDatasetConfig),
-            ("evaluator", EvaluatorConfig),
-            ("saver", SaverConfig),
-            ("recover", RecoverConfig),
-            ("stats_logger", StatsLoggerConfig),
-        ):
-            _validate_section(self, name, cls)
-        if self.valid_dataset is not None:
-            _validate_section(self, "valid_dataset", SFTDatasetConfig)
+        _validate_sections(self)

@@ -16,8 +16,14 @@ from areal_m2po.api.cli_args import (
     NormConfig,
     PPOActorConfig,
     PPOConfig,
+    PreferenceDatasetConfig,
+    RefConfig,
     RejectionSamplingConfig,
     RWConfig,
+    RWModelConfig,
+    SFTConfig,
+    SFTDatasetConfig,
+    TrainEngineConfig,
 )
 from areal_m2po.api.config_loader import (
     config_to_yaml,
@@ -312,7 +318,7 @@ def test_python_construction_validates(kwargs: dict, key: str) -> None:
     assert info.value.key == key
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig, SFTConfig], ids=lambda c: c.__name__)
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -339,6 +345,66 @@ def test_both_roots_check_the_run_keys_alike(root: type, kwargs: dict, message: 
 def test_both_roots_derive_output_dir_from_the_names(root: type) -> None:
     assert root(experiment_name="e", trial_name="t").output_dir == "outputs/e/t"
     assert root(experiment_name="e", output_dir="out").output_dir == "out"
+
+
+@pytest.mark.parametrize(
+    ("root", "kwargs", "message"),
+    [
+        (PPOConfig, {"actor": 1}, "actor: must be a ActorConfig section, got 1"),
+        (PPOConfig, {"valid_dataset": None}, "valid_dataset: must be a DatasetConfig section"),
+        (RWConfig, {"model": TrainEngineConfig()}, "model: must be a RWModelConfig section"),
+        (SFTConfig, {"model": RWModelConfig()}, "model: must be a TrainEngineConfig section"),
+        (SFTConfig, {"valid_dataset": 2}, "valid_dataset: must be a SFTDatasetConfig section"),
+        # required sections are checked before the nullable ones, whatever the field order
+        (RWConfig, {"valid_dataset": 1, "evaluator": 2}, "evaluator: must be a EvaluatorConfig"),
+        (SFTConfig, {"valid_dataset": 1, "recover": 2}, "recover: must be a RecoverConfig"),
+    ],
+)
+def test_roots_check_their_sections(root: type, kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        root(**kwargs)
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize("root", [RWConfig, SFTConfig], ids=lambda c: c.__name__)
+def test_nullable_sections_accept_null(root: type) -> None:
+    assert root(valid_dataset=None).valid_dataset is None
+
+
+@pytest.mark.parametrize(
+    "model", [TrainEngineConfig, ActorConfig, RWModelConfig], ids=lambda c: c.__name__
+)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"path": ""}, "path: must not be empty"),
+        ({"path": None}, "path: must be a string, got None"),
+        ({"dtype": "fp8"}, "dtype: must be one of ['float32', 'bfloat16', 'float16'], got 'fp8'"),
+        ({"gradient_checkpointing": 1}, "gradient_checkpointing: must be true or false, got 1"),
+        ({"lora": {"r": 4}}, "lora: must be a LoRAConfig section, got {'r': 4}"),
+        ({"optimizer": None}, "optimizer: must be a OptimizerConfig section, got None"),
+    ],
+)
+def test_trained_model_sections_check_their_keys_alike(
+    model: type, kwargs: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        model(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (RefConfig, "path: must not be empty (null means actor.path)"),
+        (PreferenceDatasetConfig, "path: must not be empty"),
+        (SFTDatasetConfig, "path: must not be empty"),
+    ],
+)
+def test_empty_paths_are_refused(section: type, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        section(path="")
+    assert str(info.value) == message
 
 
 def test_python_cross_section_check() -> None:
