@@ -192,6 +192,9 @@ def _validate_sections(obj: object) -> None:
 
 DTYPES = ("float32", "bfloat16", "float16")
 
+HOST_MMAP_THRESHOLD_MIB = 1
+"""Default ``host_mmap_threshold_mib`` of the root configs."""
+
 
 @dataclass
 class OptimizerConfig:
@@ -1348,6 +1351,14 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
     _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
     _check_number("total_train_steps", run.total_train_steps, ge=1, integer=True, optional=True)
     _check_number("num_threads", run.num_threads, ge=1, integer=True, optional=True)
+    _check_number(
+        "host_mmap_threshold_mib",
+        run.host_mmap_threshold_mib,
+        ge=1,
+        le=32,
+        integer=True,
+        optional=True,
+    )
     _check_str("tokenizer_path", run.tokenizer_path, optional=True)
 
 
@@ -1381,6 +1392,14 @@ class PPOConfig:
     )
     num_threads: int | None = _field(
         None, "torch CPU threads (null: torch's default). Fix it when timing."
+    )
+    host_mmap_threshold_mib: int | None = _field(
+        HOST_MMAP_THRESHOLD_MIB,
+        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
+        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
+        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
+        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
+        "(docs/performance.md, memory).",
     )
     tokenizer_path: str | None = _field(None, "Tokenizer (null: actor.path).")
     actor: ActorConfig = _section(_default_actor, "The policy and its PPO/M2PO loss.")
@@ -1651,6 +1670,14 @@ class RWConfig:
         None, "Stop after this many optimizer steps (null: run all epochs)."
     )
     num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
+    host_mmap_threshold_mib: int | None = _field(
+        HOST_MMAP_THRESHOLD_MIB,
+        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
+        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
+        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
+        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
+        "(docs/performance.md, memory).",
+    )
     tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
     max_length: int = _field(
         1024,
@@ -1769,6 +1796,14 @@ class SFTConfig:
         30, "Stop after this many optimizer steps (null: run all epochs)."
     )
     num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
+    host_mmap_threshold_mib: int | None = _field(
+        HOST_MMAP_THRESHOLD_MIB,
+        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
+        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
+        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
+        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
+        "(docs/performance.md, memory).",
+    )
     tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
     max_length: int = _field(
         1024,

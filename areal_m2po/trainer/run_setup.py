@@ -12,6 +12,7 @@ import torch
 
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
+from areal_m2po.utils.host_memory import set_mmap_threshold
 
 TrainerT = TypeVar("TrainerT")
 
@@ -38,14 +39,18 @@ class RunContext:
 
 
 def start_run(config: Any) -> RunContext:
-    """Set threads (``num_threads``), start the Accelerator, set up logging and seed every RNG
-    with ``seed``. ``config`` is a root config (``PPOConfig`` or ``RWConfig``)."""
+    """Set threads (``num_threads``) and, on CPU, glibc's mmap threshold
+    (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
+    ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``)."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu and config.host_mmap_threshold_mib is not None:
+        set_mmap_threshold(config.host_mmap_threshold_mib)
+    accelerator = Accelerator(cpu=on_cpu)
     setup_logging(accelerator.is_main_process)
     set_seed(config.seed)
     assert config.output_dir is not None  # filled in by the config's __post_init__

@@ -8,12 +8,51 @@ resident set after the update was 3.07 / 4.27 / 5.18 GB without a trim and 2.41 
 with ``malloc_trim(0)`` after the update (a few milliseconds). That memory is then free for
 other processes between steps. It does not lower the peak inside a step: the whole main job
 peaked at 9.6 GB with the trim and 9.8 GB without.
+
+Inside a step, :func:`set_mmap_threshold` bounds what the heaps keep: blocks at least that large
+are mapped on their own and unmapped when freed, so the activations one micro-batch frees are
+not resident beside the next one's (``host_mmap_threshold_mib``; docs/performance.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
+MAX_MMAP_THRESHOLD_MIB = 32
+"""glibc's ceiling for the threshold on 64-bit systems (HEAP_MAX_SIZE / 2)."""
+
+
+def _libc_function(name: str) -> object | None:
+    """``name`` from the C library this process runs on; None off Linux or where it lacks it
+    (musl, macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
+def set_mmap_threshold(mib: int) -> bool:
+    """Serve host allocations of at least ``mib`` MiB with their own ``mmap``, returned to the
+    operating system when freed (glibc ``mallopt(M_MMAP_THRESHOLD)``; it also stops glibc from
+    raising the threshold by itself). Process-wide; costs page faults on each such allocation.
+
+    Args:
+        mib: the threshold in MiB, 1 to :data:`MAX_MMAP_THRESHOLD_MIB`.
+    Returns:
+        True when set; False where this C library has no ``mallopt`` (nothing changes).
+    Raises:
+        ValueError: ``mib`` is out of range.
+    """
+    if isinstance(mib, bool) or not (isinstance(mib, int) and 1 <= mib <= MAX_MMAP_THRESHOLD_MIB):
+        raise ValueError(f"mmap threshold must be 1..{MAX_MMAP_THRESHOLD_MIB} MiB, got {mib!r}")
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, mib * 1024 * 1024))  # type: ignore[operator]
 
 
 def release_free_host_memory() -> bool:
@@ -23,10 +62,5 @@ def release_free_host_memory() -> bool:
         True when memory was released; False when none was, or on a platform without
         ``malloc_trim`` (macOS, Windows, musl), where this does nothing.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim  # the C library this process already runs on
-    except (OSError, AttributeError):
-        return False
-    return bool(trim(0))
+    trim = _libc_function("malloc_trim")
+    return False if trim is None else bool(trim(0))  # type: ignore[operator]
