@@ -78,8 +78,10 @@ def run(cmd: list[str]) -> None:
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """The records of ``run_dir``'s metrics.jsonl."""
+    from areal_m2po.plot import read_metrics as read_jsonl
+
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def evaluate_before(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:

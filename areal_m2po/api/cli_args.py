@@ -196,6 +196,18 @@ HOST_MMAP_THRESHOLD_MIB = 1
 """Default ``host_mmap_threshold_mib`` of the root configs."""
 
 
+def _host_mmap_threshold_field() -> Any:
+    """The ``host_mmap_threshold_mib`` key every root config (PPO, reward model, SFT) has."""
+    return _field(
+        HOST_MMAP_THRESHOLD_MIB,
+        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
+        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
+        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
+        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
+        "(docs/performance.md, memory).",
+    )
+
+
 @dataclass
 class OptimizerConfig:
     """Optimizer and learning-rate schedule of a trainable model."""
@@ -1393,14 +1405,7 @@ class PPOConfig:
     num_threads: int | None = _field(
         None, "torch CPU threads (null: torch's default). Fix it when timing."
     )
-    host_mmap_threshold_mib: int | None = _field(
-        HOST_MMAP_THRESHOLD_MIB,
-        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
-        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
-        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
-        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
-        "(docs/performance.md, memory).",
-    )
+    host_mmap_threshold_mib: int | None = _host_mmap_threshold_field()
     tokenizer_path: str | None = _field(None, "Tokenizer (null: actor.path).")
     actor: ActorConfig = _section(_default_actor, "The policy and its PPO/M2PO loss.")
     ref: RefConfig = _section(RefConfig, "Reference model for the KL penalty.")
@@ -1670,14 +1675,7 @@ class RWConfig:
         None, "Stop after this many optimizer steps (null: run all epochs)."
     )
     num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
-    host_mmap_threshold_mib: int | None = _field(
-        HOST_MMAP_THRESHOLD_MIB,
-        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
-        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
-        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
-        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
-        "(docs/performance.md, memory).",
-    )
+    host_mmap_threshold_mib: int | None = _host_mmap_threshold_field()
     tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
     max_length: int = _field(
         1024,
@@ -1796,14 +1794,7 @@ class SFTConfig:
         30, "Stop after this many optimizer steps (null: run all epochs)."
     )
     num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
-    host_mmap_threshold_mib: int | None = _field(
-        HOST_MMAP_THRESHOLD_MIB,
-        "CPU runs on glibc (Linux): host blocks of at least this many MiB get their own mmap and "
-        "go back to the OS when freed (mallopt M_MMAP_THRESHOLD, 1-32), so the activations one "
-        "micro-batch frees do not stay resident beside the next; null: glibc's default (a "
-        "threshold it raises itself up to 32 MiB). Not applied when CUDA is used "
-        "(docs/performance.md, memory).",
-    )
+    host_mmap_threshold_mib: int | None = _host_mmap_threshold_field()
     tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
     max_length: int = _field(
         1024,

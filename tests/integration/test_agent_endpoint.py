@@ -12,9 +12,10 @@ import openai
 import pytest
 import torch
 from agentic_helpers import VersionedTinyEngine, forward_logprobs, tiny_model_and_tokenizer
+from scripted_engine import ScriptOnlyEngine
 
 from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.agent_workflow import AgentWorkflow
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
@@ -120,9 +121,11 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     )
 
 
-class ScriptedEngine(InferenceEngine):
+class ScriptedEngine(ScriptOnlyEngine):
     """Returns fixed completions. A random tiny model never writes a well-formed tool call, and
     training one for this test is too slow here, so the tool-call path uses scripted text."""
+
+    version = 7
 
     def __init__(self, tokenizer: Any, texts: list[str]) -> None:
         self.tokenizer, self.texts, self.requests = tokenizer, list(texts), []
@@ -134,21 +137,6 @@ class ScriptedEngine(InferenceEngine):
         lp = [-0.01 * (i + 1) for i in range(len(ids))]
         finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
         return ModelResponse(list(request.input_ids), ids, lp, [7] * len(ids), finish)
-
-    def update_weights_from_tensors(self, named_tensors, version):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def update_weights_from_disk(self, path, version):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def get_version(self) -> int:
-        return 7
-
-    def set_version(self, version: int) -> None: ...
 
 
 CALL_TEXT = 'Let me. <tool_call>{"name": "calc", "arguments": {"expression": "37*45"}}</tool_call>'

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 from agentic_helpers import tiny_model_and_tokenizer
+from scripted_engine import ScriptOnlyEngine
 
 from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
@@ -27,7 +28,7 @@ SCRIPT = {
 }
 
 
-class ScriptedPolicy(InferenceEngine):
+class ScriptedPolicy(ScriptOnlyEngine):
     """Replies by the question in the context (episodes run concurrently, in any order);
     records every request's sampling."""
 
@@ -46,21 +47,6 @@ class ScriptedPolicy(InferenceEngine):
             reply += "<|im_end|>"
         ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
         return ModelResponse(list(request.input_ids), ids, [0.0] * len(ids), [0] * len(ids), "stop")
-
-    def update_weights_from_tensors(self, named_tensors, version):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def update_weights_from_disk(self, path, version):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def get_version(self) -> int:
-        return 0
-
-    def set_version(self, version: int) -> None: ...
 
 
 def _records(tokenizer: Any) -> list[dict[str, Any]]:

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_fsdp.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_fsdp", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/bench/bench_fsdp.py")
 
 
 def test_bench_fsdp_toy(capsys):

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bench" / "bench_mb_budget.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_mb_budget", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/bench/bench_mb_budget.py")
 
 
 @pytest.mark.slow
