@@ -36,6 +36,7 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.openai_proxy import AgentProxy, AgentSession
+from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.imports import load_object
 
 __all__ = ["AgentFn", "AgentWorkflow"]
@@ -138,7 +139,7 @@ class AgentWorkflow(RolloutWorkflow):
         """``gconfig.n_samples`` agent episodes of ``record``; None (the group dropped) when
         an episode made no call or the engine aborted one."""
         n = self.context.gconfig.n_samples
-        results = await asyncio.gather(*(self._episode(engine, record) for _ in range(n)))
+        results = await gather_or_cancel(*(self._episode(engine, record) for _ in range(n)))
         if any(trajectory is None for trajectory, _ in results):
             logger.warning("agent %s made no call in an episode; group dropped", self.agent_name)
             return None

@@ -22,6 +22,7 @@ from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingPar
 from areal_m2po.api.workflow_api import RolloutWorkflow, TrajectoryGroup, WorkflowContext
 from areal_m2po.rollout.batch import check_groups, groups_to_batch, sum_group_stats
 from areal_m2po.rollout.rlvr import decode_completion
+from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
 
 __all__ = ["Policy", "RolloutExecutor", "RolloutSetup"]
@@ -164,7 +165,7 @@ class RolloutExecutor(abc.ABC):
         sums = dict.fromkeys(("n", "correct", *names), 0.0)
         for i in range(0, len(records), batch_size):
             chunk = records[i : i + batch_size]
-            results = await asyncio.gather(
+            results = await gather_or_cancel(
                 *(self.workflow.aevaluate(self.engine, dict(r)) for r in chunk)
             )
             for r, result in zip(chunk, results):
@@ -188,7 +189,7 @@ class RolloutExecutor(abc.ABC):
         """How many greedy completions of ``records`` score a verifiable reward above 0.5."""
         ctx = self.context
         greedy = SamplingParams.from_gconfig(ctx.gconfig, greedy=True)
-        responses = await asyncio.gather(
+        responses = await gather_or_cancel(
             *(self.engine.agenerate(ModelRequest(list(r["prompt_ids"]), greedy)) for r in records)
         )
         texts = [

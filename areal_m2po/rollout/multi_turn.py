@@ -44,6 +44,7 @@ from areal_m2po.reward.runner import load_reward_fn
 from areal_m2po.rollout.chat_turns import TurnAppender
 from areal_m2po.rollout.episode import EpisodeTokens, Generated, run_episode
 from areal_m2po.rollout.tool_env import ENVIRONMENTS, Grader, grader_from_fn, make_environment
+from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["MultiTurnWorkflow"]
 
@@ -221,7 +222,9 @@ class MultiTurnWorkflow(RolloutWorkflow):
         prompt_len = self._check_room(record)
         n = self.context.gconfig.n_samples
         sampling = self.context.sampling
-        results = await asyncio.gather(*(self._episode(engine, record, sampling) for _ in range(n)))
+        results = await gather_or_cancel(
+            *(self._episode(engine, record, sampling) for _ in range(n))
+        )
         if any(finish == "abort" for _, _, finish in results):
             return None
         trajectories = [self._trajectory(prompt_len, *result) for result in results]

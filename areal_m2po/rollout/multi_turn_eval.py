@@ -8,7 +8,6 @@ per record, and reports what the tool-use demo measures.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from typing import Any
 from areal_m2po.api.engine_api import InferenceEngine
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
+from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["EpisodeEval", "evaluate_multi_turn"]
 
@@ -55,7 +55,7 @@ async def evaluate_multi_turn(
     sums = dict.fromkeys(("correct", *workflow.eval_metrics), 0.0)
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        results = await asyncio.gather(*(workflow.aevaluate(engine, dict(r)) for r in chunk))
+        results = await gather_or_cancel(*(workflow.aevaluate(engine, dict(r)) for r in chunk))
         for result in results:
             assert result is not None  # MultiTurnWorkflow always evaluates episodes
             for key in sums:

@@ -35,6 +35,7 @@ import torch
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
 from areal_m2po.engine.weight_files import prune_weights, write_weights
+from areal_m2po.utils.aio import gather_or_cancel
 
 logger = logging.getLogger("areal_m2po.remote_engine")
 
@@ -342,7 +343,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self._call(self._each("resume"))
 
     async def _each(self, method: str) -> None:
-        await asyncio.gather(*(getattr(self._client, method)(a) for a in list(self._alive)))
+        await gather_or_cancel(*(getattr(self._client, method)(a) for a in list(self._alive)))
 
     def get_version(self) -> int:
         return self._version

@@ -10,7 +10,6 @@ custom reward or filter (``examples/custom_workflow.py``).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.rewards import GroupScores
+from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["RLVRWorkflow", "decode_completion"]
 
@@ -48,7 +48,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self, engine: InferenceEngine, record: dict[str, Any]
     ) -> TrajectoryGroup | None:
         req = ModelRequest(input_ids=list(record["prompt_ids"]), sampling=self.context.sampling)
-        responses = await asyncio.gather(
+        responses = await gather_or_cancel(
             *(
                 engine.agenerate(ModelRequest(req.input_ids, req.sampling))
                 for _ in range(self.n_samples)

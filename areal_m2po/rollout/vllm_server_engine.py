@@ -49,6 +49,7 @@ from areal_m2po.rollout.vllm_servers import VLLMServerOptions, VLLMServerProcess
 from areal_m2po.rollout.vllm_setup import cuda_available
 from areal_m2po.rollout.vllm_weights import VersionOnlyState, with_tied_head
 from areal_m2po.utils import dist
+from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["VLLMServerEngine", "VLLMServerEngineOptions", "sampling_payload", "span_versions"]
 
@@ -210,7 +211,7 @@ class VLLMServerEngine(VersionOnlyState, InferenceEngine):
                             "(rollout.setup_timeout)",
                         )
                     await asyncio.sleep(0.5)
-            await asyncio.gather(*(self._label(http, a, self._version) for a in self._addrs))
+            await gather_or_cancel(*(self._label(http, a, self._version) for a in self._addrs))
 
     def destroy(self) -> None:
         self._ready = False
@@ -322,7 +323,7 @@ class VLLMServerEngine(VersionOnlyState, InferenceEngine):
     def _run(self, coro_fn: Any, *args: Any) -> None:
         async def run() -> None:
             async with httpx.AsyncClient(timeout=self.options.request_timeout) as http:
-                await asyncio.gather(*(coro_fn(http, a, *args) for a in self._addrs))
+                await gather_or_cancel(*(coro_fn(http, a, *args) for a in self._addrs))
 
         asyncio.run(run())
 

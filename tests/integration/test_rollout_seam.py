@@ -13,13 +13,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import math
 import runpy
 from pathlib import Path
 
 import pytest
 import torch
+from scripted_engine import ScriptOnlyEngine
 from toy_rewards import digit_fraction
 
 from areal_m2po.api.cli_args import ConfigError, DatasetConfig, GenerationConfig, RewardModelConfig
@@ -31,6 +34,7 @@ from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.batch import groups_to_batch
 from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.hf_engine import HFInferenceEngine, plan_calls
+from areal_m2po.rollout.remote_engine import RolloutServerError
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.rlvr import RLVRWorkflow
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
@@ -442,3 +446,46 @@ def test_a_fake_engine_drives_a_full_training_step(tmp_path):
     # on-policy (staleness 0): the fake's log-probs (-2.0) are the proximal ones, so the
     # policy's ratio to them is far from 1 and PPO clips some tokens
     assert row["actor/clip_fraction"] > 0
+
+
+class _DyingServer(ScriptOnlyEngine):
+    """A server that died mid-batch: request 0 fails after one loop turn, the others
+    ``delay`` turns later (one more connection refused each), the last never answers."""
+
+    pad_id = 0
+
+    def __init__(self, delay: int) -> None:
+        self.delay, self.requests = delay, 0
+
+    async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        k = self.requests
+        self.requests += 1
+        if k == B * N - 1:
+            await asyncio.Event().wait()
+        for _ in range(1 + (self.delay if k else 0)):
+            await asyncio.sleep(0)
+        raise RolloutServerError(f"rollout server 127.0.0.1:1: request {k} refused")
+
+
+def test_a_dead_server_leaves_no_task_behind_in_sync_mode(tiny, caplog):
+    """The batch fails with the first request's error, and every other request is settled:
+    none is logged later as "Task exception was never retrieved" (such a traceback came after
+    the trainer's one-line error when a vLLM server was killed, when a later failure landed in
+    the loop turn where the executor's loop stopped; the delays sweep that turn)."""
+    _, tok, records = tiny
+    ctx = _context(tok, [tok.eos_token_id], _verifiable())
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    for delay in range(12):
+        engine = _DyingServer(delay)
+        ex = _sync(engine, RLVRWorkflow(ctx), ctx, records)
+        message = ""
+        try:
+            ex.next_batch()
+        except RolloutServerError as exc:
+            message = str(exc)
+        finally:
+            ex.close()
+        gc.collect()
+        assert message == "rollout server 127.0.0.1:1: request 0 refused"
+        assert engine.requests == B * N
+        assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [], delay

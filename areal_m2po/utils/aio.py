@@ -1,0 +1,35 @@
+"""Structured fan-out for rollout coroutines.
+
+``asyncio.gather`` propagates the first exception and leaves the other awaitables running. On
+an event loop that is driven step by step (``run_until_complete``, as the sync executor does)
+the loop then stops with those tasks half done: the exceptions they raise later are never
+retrieved, and asyncio logs each one with a traceback when the task is garbage collected
+("Task exception was never retrieved"), after the trainer has printed its one-line error.
+:func:`gather_or_cancel` settles every task before it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+__all__ = ["gather_or_cancel"]
+
+T = TypeVar("T")
+
+
+async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
+    """The results of ``aws`` in order, run concurrently as tasks.
+
+    When one fails (or this call is cancelled), the others are cancelled and awaited, so every
+    exception is retrieved and no task outlives the call; then the first failure is raised.
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
