@@ -106,5 +106,10 @@ class SyncRolloutExecutor(RolloutExecutor):
         pending = asyncio.all_tasks(self._loop)
         for task in pending:
             task.cancel()
-        if pending:
-            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+        async def settle() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        # a loop turn even when none is pending: done tasks' callbacks that retrieve their
+        # exceptions may still be queued (loop.close() would drop them)
+        self._loop.run_until_complete(settle())
