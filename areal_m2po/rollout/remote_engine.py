@@ -35,7 +35,7 @@ import torch
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
 from areal_m2po.engine.weight_files import prune_weights, write_weights
-from areal_m2po.utils.aio import gather_or_cancel
+from areal_m2po.utils.aio import cancel_pending, gather_or_cancel
 
 logger = logging.getLogger("areal_m2po.remote_engine")
 
@@ -156,10 +156,7 @@ class RemoteSGLangEngine(InferenceEngine):
         ready.set()
         try:
             loop.run_until_complete(self._stop.wait())
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in tasks:
-                t.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            cancel_pending(loop)
             loop.run_until_complete(self._client.aclose())
         finally:
             loop.close()

@@ -20,7 +20,7 @@ import torch
 
 from areal_m2po.api.workflow_api import TrajectoryGroup
 from areal_m2po.rollout.executor import Policy, RolloutExecutor, RolloutSetup
-from areal_m2po.utils.aio import gather_or_cancel
+from areal_m2po.utils.aio import cancel_pending, gather_or_cancel
 from areal_m2po.utils.data import Batch
 
 __all__ = ["SyncRolloutExecutor"]
@@ -65,7 +65,7 @@ class SyncRolloutExecutor(RolloutExecutor):
         return records[self.rank * per : (self.rank + 1) * per]
 
     async def _episodes(self, records: list[dict[str, Any]]) -> list[TrajectoryGroup | None]:
-        return list(await gather_or_cancel(*(self._episode(r) for r in records)))
+        return await gather_or_cancel(*(self._episode(r) for r in records))
 
     def generate_batch(self) -> tuple[Batch, dict[str, float]]:
         """One fresh batch from the engine's current policy (this rank's share)."""
@@ -95,21 +95,7 @@ class SyncRolloutExecutor(RolloutExecutor):
 
     def close(self) -> None:
         try:
-            self._settle_pending()
+            cancel_pending(self._loop)  # what a workflow's own fan-out may have left
             super().close()
         finally:
             self._loop.close()
-
-    def _settle_pending(self) -> None:
-        """Cancel the tasks a failed batch left on the loop (a workflow's own fan-out may leave
-        some) and let them finish, so none is logged as destroyed or unretrieved at exit."""
-        pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
-
-        async def settle() -> None:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-        # a loop turn even when none is pending: done tasks' callbacks that retrieve their
-        # exceptions may still be queued (loop.close() would drop them)
-        self._loop.run_until_complete(settle())

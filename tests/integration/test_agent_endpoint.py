@@ -136,7 +136,7 @@ class ScriptedEngine(ScriptOnlyEngine):
         ids = ids[: request.sampling.max_new_tokens]
         lp = [-0.01 * (i + 1) for i in range(len(ids))]
         finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
-        return ModelResponse(list(request.input_ids), ids, lp, [7] * len(ids), finish)
+        return ModelResponse(list(request.input_ids), ids, lp, [self.version] * len(ids), finish)
 
 
 CALL_TEXT = 'Let me. <tool_call>{"name": "calc", "arguments": {"expression": "37*45"}}</tool_call>'
