@@ -28,6 +28,7 @@ ROUNDS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rounds")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = ("loses", "keeps", "beats", "collapses", "masked_below", "masked_at_most")
 PAIRED_RULES = ("loses", "keeps", "beats", "collapses")
+COLUMN_VALUES = ("label", "s", "seeds", "collapsed", "minutes", "paired")
 SECTION_KINDS = (
     "status",
     "verdicts",
@@ -191,8 +192,18 @@ def load_round(name_or_path: str) -> Round:
     report = _check_keys(data.get("report") or {}, REPORT_KEYS, f"{path}: report")
     for i, sec in enumerate(report.get("sections") or []):
         sec = {"kind": sec} if isinstance(sec, str) else sec
+        where = f"{path}: report.sections[{i}]"
         if not isinstance(sec, dict) or sec.get("kind") not in SECTION_KINDS:
-            raise ValueError(f"{path}: report.sections[{i}]: kind not in {SECTION_KINDS}")
+            raise ValueError(f"{where}: kind not in {SECTION_KINDS}")
+        for j, col in enumerate(sec.get("columns", [])):
+            if not isinstance(col, dict) or "header" not in col:
+                raise ValueError(f"{where}.columns[{j}]: needs a header")
+            if col.get("value") not in COLUMN_VALUES and "stat" not in col:
+                raise ValueError(
+                    f"{where}.columns[{j}]: needs a stat or a value in {COLUMN_VALUES}"
+                )
+        if "baseline" in sec:
+            Cell.parse(sec["baseline"], f"{where}.baseline")
     settings = data.get("settings") or {}
     if not isinstance(settings, dict):  # its keys are the command line's flags (cli.py)
         raise ValueError(f"{path}: settings: expected a mapping of flag defaults")

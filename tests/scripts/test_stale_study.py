@@ -520,6 +520,8 @@ def test_a_malformed_round_file_is_named_with_its_key(study, tmp_path):
     bad(claim % ("beats", "m2po", ", baseline: grpo@s"), r"claims\[0\]\.arm: 'm2po' is not a cell")
     bad(claim % ("masked_below", "m2po@s", ""), r"claims\[0\]\.max_fraction: rule masked_below")
     bad("report: {sections: [tables]}\n", r"report\.sections\[0\]: kind not in")
+    columns = "report: {sections: [{kind: results, columns: [{header: x}]}]}\n"
+    bad(columns, r"report\.sections\[0\]\.columns\[0\]: needs a stat")
     with pytest.raises(ValueError, match=r"--round 9: .*round9\.yaml does not exist .*'round2'"):
         load_round("9")
     with pytest.raises(SystemExit):  # and on the command line, before anything runs
