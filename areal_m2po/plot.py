@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from areal_m2po.utils.extras import require_extra
+
 
 @dataclass(frozen=True)
 class Panel:
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/metrics.png)")
     args = parser.parse_args(argv)
     try:
+        require_extra("python -m areal_m2po.plot", "plotting", "plot")
         path = plot_run(args.run_dir, args.out)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

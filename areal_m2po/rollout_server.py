@@ -19,6 +19,7 @@ import threading
 import time
 
 from areal_m2po.utils.console import print_error
+from areal_m2po.utils.extras import require_extra
 
 __all__ = ["main", "parse_args"]
 
@@ -58,6 +59,12 @@ def _watch_parent(pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        feature, modules = "the rollout server", ("fastapi", "uvicorn")
+        require_extra("python -m areal_m2po.rollout_server", feature, "server", modules)
+    except ValueError as exc:
+        print_error(exc)
+        return 2
     if args.parent_pid is not None:
         if os.getppid() != args.parent_pid:
             print(f"error: --parent-pid {args.parent_pid} is not our parent", file=sys.stderr)

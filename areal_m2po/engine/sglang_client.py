@@ -11,8 +11,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 __all__ = ["Sample", "ServerError", "SGLangClient", "parse_weight_version"]
 
 _DONE = ("stop", "length")
@@ -65,12 +63,16 @@ class SGLangClient:
     def __init__(self, request_timeout: float, health_timeout: float) -> None:
         self.request_timeout = request_timeout
         self.health_timeout = health_timeout
+        import httpx  # the [server] extra: imported only by a run that talks to servers
+
         self._http = httpx.AsyncClient(timeout=request_timeout)
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def _post(self, addr: str, endpoint: str, payload: dict[str, Any]) -> Any:
+        import httpx
+
         try:
             resp = await self._http.post(f"http://{addr}{endpoint}", json=payload)
         except httpx.TimeoutException:
@@ -84,6 +86,8 @@ class SGLangClient:
         return resp.json()
 
     async def health(self, addr: str) -> bool:
+        import httpx
+
         try:
             resp = await self._http.get(f"http://{addr}/health", timeout=self.health_timeout)
         except httpx.HTTPError:

@@ -11,13 +11,20 @@ applies FSDP2 itself on the process group Accelerate made, so:
 * DeepSpeed is refused, naming FSDP2 as the way to shard;
 * ``fsdp2`` in one process, CPU offload on a run without GPUs and Accelerate's
   ``--mixed_precision`` with ``fsdp2`` (use ``fsdp.param_dtype``) are refused.
+
+:func:`check_extras` refuses a feature whose optional packages are not installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.engine.builtin_models import check_builtin_packages
+from areal_m2po.utils.extras import check_config_extras
 
 _MULTI = ("MULTI_GPU", "MULTI_CPU")
 _LAUNCH = "accelerate launch --multi_gpu --num_processes N (N >= 2)"
@@ -96,6 +103,26 @@ def check_engine_launch(
                 f"launch with --mixed_precision no and set {name}.fsdp.param_dtype (e.g. "
                 "bfloat16) instead",
             )
+
+
+def check_extras(config: Any) -> None:
+    """Raise :class:`ConfigError` naming the key and the extra to install for the first
+    optional feature ``config`` (any trainer's root config) asks for whose packages are
+    missing (:mod:`areal_m2po.utils.extras`), or a built-in model that cannot be made here."""
+    check_config_extras(config)
+    for key, value in _string_values(config):
+        check_builtin_packages(key, value)
+
+
+def _string_values(section: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(dotted key, value)`` of every string in a config tree, skipping switched-off
+    sections (``None``, or ``enabled: false``)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, str):
+            yield prefix + f.name, value
+        elif dataclasses.is_dataclass(value) and getattr(value, "enabled", True) is not False:
+            yield from _string_values(value, f"{prefix}{f.name}.")
 
 
 def check_batch_split(batch_size: int, world: int) -> None:

@@ -196,7 +196,11 @@ def test_scaling_doc_commands():
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(f"docs/{p.name}" for p in DOCS.glob("*.md"))])
+_DOCS_MD = sorted(p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md"))
+_RESEARCH_MD = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "research").rglob("*.md"))
+
+
+@pytest.mark.parametrize("doc", ["README.md", *_DOCS_MD, *_RESEARCH_MD])
 def test_relative_links_resolve(doc):
     path = REPO / doc
     for target in _LINK.findall(path.read_text(encoding="utf-8")):

@@ -1,5 +1,7 @@
-"""scripts/stale_study.py end to end on the tiny built-in model (seconds): arms from YAML,
-resumable runs, finished runs archived and skipped, the report from run directories alone."""
+"""The stale-data study (research/stale_study) end to end on the tiny built-in model (seconds):
+arms and rounds from YAML, resumable runs, finished runs archived and skipped, the report from
+run directories alone, each round's verdict rules, and the committed reports regenerated
+from the committed runs."""
 
 from __future__ import annotations
 
@@ -11,23 +13,23 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from research.stale_study import cli, verdicts
+from research.stale_study.arms import load_arms_file
+from research.stale_study.rounds import load_round
+from research.stale_study.runs import RunKey, read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
 ARMS = ("grpo_onpolicy", "grpo", "grpo_noclip", "m2po")
-
-
-def _load():
-    import stale_study  # scripts/ is on pytest's pythonpath (pyproject.toml)
-
-    return stale_study
 
 
 @pytest.fixture(scope="module")
 def study():
-    return _load()
+    return cli
 
 
 def _tiny_args(tmp: Path, arms: str, *extra: str, seeds: str = "3") -> list[str]:
     return [
+        "--round=2",
         "--model=builtin:tiny",
         "--reward=toy_rewards:digit_fraction",
         "--steps=2",
@@ -64,8 +66,6 @@ def tiny_study(tmp_path_factory, study):
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    from study.runs import read_metrics
-
     return read_metrics(str(run_dir))
 
 
@@ -75,7 +75,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_arms_come_from_yaml(study, tmp_path):
-    arms, defaults = study.load_arms_file()
+    arms, defaults = load_arms_file()
     assert list(arms)[:4] == list(ARMS)
     assert arms["grpo"].staleness == "stale" and arms["grpo_onpolicy"].staleness == "on_policy"
     assert "actor.m2_threshold=null" in arms["grpo"].overrides
@@ -84,11 +84,11 @@ def test_arms_come_from_yaml(study, tmp_path):
     bad = tmp_path / "arms.yaml"
     bad.write_text("arms:\n  x:\n    staleness: sometimes\n    metric: actor/clip_fraction\n")
     with pytest.raises(ValueError, match=r"arms\.x\.staleness"):
-        study.load_arms_file(str(bad))
+        load_arms_file(str(bad))
     with pytest.raises(SystemExit):
-        study.parse_args([f"--arms-file={bad}"])
+        study.parse_args(["--round=2", f"--arms-file={bad}"])
     with pytest.raises(SystemExit):
-        study.parse_args(["--arms=grpo,nope"])
+        study.parse_args(["--round=2", "--arms=grpo,nope"])
 
 
 def test_pipeline_writes_csv_png_md(tiny_study):
@@ -112,7 +112,7 @@ def test_pipeline_writes_csv_png_md(tiny_study):
     # one seed: no claim can be judged
     assert md.count("**pending**") == 5 and "reproduced**" not in md
     assert '(`actor.path`): `"builtin:tiny"`' in md and "(`total_train_steps`): `2`" in md
-    assert "python scripts/stale_study.py" in md and "study.png" in md
+    assert "python -m research.stale_study --round=2" in md and "study.png" in md
 
 
 def test_runs_are_exact_resumable_and_archived_without_weights(tiny_study, study):
@@ -212,8 +212,7 @@ def test_parallel_subprocess_runs(study, tmp_path):
 
 
 def test_collapse_and_paired_statistics(study, tmp_path):
-    from study.runs import RunKey
-    from study.summary import paired_difference, summarise_run
+    from research.stale_study.summary import paired_difference, summarise_run
 
     run = tmp_path / "m2po_s4_seed1"
     run.mkdir()
@@ -245,8 +244,7 @@ def test_run_times_count_the_attempts_that_made_the_run(study, tmp_path):
     """An attempt killed with its scheduler records no time: a run that resumed from its
     checkpoints has an unknown time (blank), not the sum of the other attempts (the bug: 3
     minutes for a 60-minute run); one redone from update 0 is timed by the redo."""
-    from study.runs import RunKey
-    from study.summary import summarise_run
+    from research.stale_study.summary import summarise_run
 
     run = tmp_path / "grpo_s4_seed1"
     run.mkdir()
@@ -272,36 +270,71 @@ def test_run_times_count_the_attempts_that_made_the_run(study, tmp_path):
     assert times(killed, restarted, resumed) == (1500.0, 1440.0)
 
 
-def test_verdict_rules(study):
-    from study import verdicts as V
+def _d(m: float, se: float, lo: float, hi: float, n: int = 3) -> dict:
+    return {"mean": m, "se": se, "lo": lo, "hi": hi, "n": n}
 
-    def diff(m, se, lo, hi, n=3):
-        return {"mean": m, "se": se, "lo": lo, "hi": hi, "n": n}
 
-    assert V.grpo_degrades(diff(-0.10, 0.02, -0.18, -0.02))[0] == "reproduced"
-    assert V.grpo_degrades(diff(0.01, 0.01, -0.03, 0.05))[0] == "not reproduced"
-    assert V.grpo_degrades(diff(-0.05, 0.03, -0.18, 0.08))[0] == "inconclusive at this power"
-    assert V.m2po_matches_onpolicy(diff(0.0, 0.01, -0.04, 0.04))[0] == "reproduced"
-    assert V.m2po_matches_onpolicy(diff(0.2, 0.01, 0.1, 0.3))[0] == "reproduced"  # above
-    assert V.m2po_matches_onpolicy(diff(-0.1, 0.05, -0.3, 0.1))[0] == "inconclusive at this power"
-    assert V.m2po_matches_onpolicy(diff(-0.2, 0.02, -0.3, -0.1))[0] == "not reproduced"
-    assert V.m2po_beats_grpo(diff(0.1, 0.02, 0.01, 0.19))[0] == "reproduced"
-    arm = {"collapsed": 0, "n": 3}
-    assert V.noclip_collapses(arm, diff(0, 0.01, -0.04, 0.04))[0] == "not reproduced"
-    arm = {"collapsed": 2, "n": 3}
-    assert V.noclip_collapses(arm, diff(0, 0.01, -0.04, 0.04))[0] == "reproduced"
-    small = {"masked_or_clipped_fraction": 0.0005, "masked_or_clipped_fraction_se": 0.0001}
-    big = {"masked_or_clipped_fraction": 0.08, "masked_or_clipped_fraction_se": 0.01}
-    assert V.masked_fraction_small(small)[0] == "reproduced"
-    assert V.masked_fraction_small(big)[0] == "not reproduced"
-    v = V.judge("c", False, "waiting for m2po (1 of 3 seeds)", V.m2po_beats_grpo)
-    assert v.verdict == "pending" and "1 of 3" in v.because
+def test_round2_verdict_rules():
+    r2 = load_round("2")
+    assert (r2.margin, r2.measure, r2.equivalence) == (0.05, "final_accuracy", False)
+    m = r2.margin
+    assert verdicts.loses(_d(-0.10, 0.02, -0.18, -0.02), m) == "reproduced"
+    assert verdicts.loses(_d(0.01, 0.01, -0.03, 0.05), m) == "not reproduced"
+    assert verdicts.loses(_d(-0.05, 0.03, -0.18, 0.08), m) == "inconclusive at this power"
+    assert verdicts.keeps(_d(0.0, 0.01, -0.04, 0.04), m) == "reproduced"
+    assert verdicts.keeps(_d(0.2, 0.01, 0.1, 0.3), m) == "reproduced"  # above
+    assert verdicts.keeps(_d(-0.1, 0.05, -0.3, 0.1), m) == "inconclusive at this power"
+    assert verdicts.keeps(_d(-0.2, 0.02, -0.3, -0.1), m) == "not reproduced"
+    assert verdicts.beats(_d(0.1, 0.02, 0.01, 0.19), m) == "reproduced"
+    # without the equivalence rule a tight interval around 0 stays inconclusive
+    assert verdicts.beats(_d(0.0, 0.01, -0.02, 0.02), m) == "inconclusive at this power"
+    assert verdicts.collapses({"collapsed": 0, "n": 3}, _d(0, 0.01, -0.04, 0.04), m) == (
+        "not reproduced"
+    )
+    assert verdicts.collapses({"collapsed": 2, "n": 3}, _d(0, 0.01, -0.04, 0.04), m) == (
+        "reproduced"
+    )
+    masked = next(c for c in r2.claims if c.rule == "masked_below")
+    assert masked.max_fraction == pytest.approx(10 * 0.0006)
+    assert verdicts.masked_below(0.0005, 0.0001, masked.max_fraction) == "reproduced"
+    assert verdicts.masked_below(0.08, 0.01, masked.max_fraction) == "not reproduced"
+    assert verdicts.masked_below(0.005, 0.001, masked.max_fraction) == "inconclusive at this power"
+
+
+def test_round3_verdict_rules():
+    r3 = load_round("3")
+    assert (r3.margin, r3.measure, r3.equivalence) == (0.03, "auc_accuracy", True)
+
+    def d(lo: float, hi: float) -> dict:
+        return {"n": 3, "mean": (lo + hi) / 2, "se": (hi - lo) / 8.6, "lo": lo, "hi": hi}
+
+    m, eq = r3.margin, r3.equivalence
+    # loses: below 0 / a 3-point loss excluded / neither
+    assert verdicts.loses(d(-0.10, -0.01), m) == "reproduced"
+    assert verdicts.loses(d(-0.029, 0.05), m) == "not reproduced"
+    assert verdicts.loses(d(-0.08, 0.02), m) == "inconclusive at this power"
+    # keeps (non-inferiority at 3 points): the mirror image, the boundary itself not enough
+    assert verdicts.keeps(d(-0.029, 0.05), m) == "reproduced"
+    assert verdicts.keeps(d(-0.03, 0.05), m) == "inconclusive at this power"
+    assert verdicts.keeps(d(-0.10, -0.01), m) == "not reproduced"
+    # beats
+    assert verdicts.beats(d(0.001, 0.05), m, eq) == "reproduced"
+    assert verdicts.beats(d(-0.05, -0.001), m, eq) == "not reproduced"
+    assert verdicts.beats(d(-0.02, 0.02), m, eq).startswith("not reproduced (no difference")
+    assert verdicts.beats(d(-0.05, 0.02), m, eq) == "inconclusive at this power"
+    # the regime: at most 1% masked
+    regime = next(c for c in r3.claims if c.rule == "masked_at_most")
+    assert verdicts.masked_at_most(0.01, regime.max_fraction) == "yes"
+    assert verdicts.masked_at_most(0.0101, regime.max_fraction) == "no"
+    assert "AUC " + verdicts.interval(d(-0.05, -0.01)) == (
+        "AUC -3.0 points (standard error 0.5, 95% interval -5.0 to -1.0, 3 seeds)"
+    )
 
 
 def test_plan_puts_the_pilot_first(study):
-    from study.scheduler import plan
+    from research.stale_study.scheduler import plan
 
-    arms, defaults = study.load_arms_file()
+    arms, _ = load_arms_file()
     study_arms = [arms[a] for a in ARMS]
     names = [k.name for _, k in plan(study_arms, 8, [1, 2], arms["grpo"], [4, 8, 16])]
     assert names == [
@@ -316,7 +349,8 @@ def test_plan_puts_the_pilot_first(study):
         "grpo_noclip_s8_seed2",
         "m2po_s8_seed2",
     ]
-    assert defaults["pilot"].arm == "grpo" and defaults["pilot"].staleness == (4, 8, 16)
+    pilot = load_round("2").pilot
+    assert pilot is not None and pilot.arm == "grpo" and pilot.staleness == (4, 8, 16)
     assert len(plan(study_arms, 8, [1, 2])) == 8  # no pilot
 
 
@@ -329,9 +363,8 @@ def test_a_finished_run_of_another_length_is_refused(study, tmp_path):
 
 
 def test_length_probe_finds_the_shortest_rewarded_prefix(study):
-    from study.length_probe import shortest_rewarded_prefix
-
     from areal_m2po.reward.math_reward import math_reward_fn
+    from research.stale_study.length_probe import shortest_rewarded_prefix
 
     pieces = ["5", "9", " +", " 8", "1", " =", " 1", "4", "0", ".", " Done"]
 
@@ -346,8 +379,7 @@ def test_length_probe_finds_the_shortest_rewarded_prefix(study):
 
 
 def test_train_command_and_device_slots(study):
-    from study.runs import RunKey
-    from study.scheduler import RunSpec, device_slots, train_command
+    from research.stale_study.scheduler import RunSpec, device_slots, train_command
 
     spec = RunSpec(RunKey("m2po", 4, 1), "/x/m2po_s4_seed1", ["actor.m2_threshold=0.04"])
     cmd = train_command(spec, "accelerate launch --num_processes 4")
@@ -366,33 +398,6 @@ def test_train_command_and_device_slots(study):
     assert device_slots(2, 1, "4,5,6") == ["4", "5"]
     with pytest.raises(ValueError, match="need 4 devices"):
         device_slots(2, 2, "0,1")
-
-
-def test_round3_verdict_rules(study):
-    from study import verdicts_r3 as v
-
-    def d(lo: float, hi: float) -> dict:
-        return {"n": 3, "mean": (lo + hi) / 2, "se": (hi - lo) / 8.6, "lo": lo, "hi": hi}
-
-    assert v.MARGIN_AUC == 0.03
-    # loses: below 0 / a 3-point loss excluded / neither
-    assert v.loses(d(-0.10, -0.01)) == "reproduced"
-    assert v.loses(d(-0.029, 0.05)) == "not reproduced"
-    assert v.loses(d(-0.08, 0.02)) == "inconclusive at this power"
-    # keeps (non-inferiority at 3 points): the mirror image, the boundary itself not enough
-    assert v.keeps(d(-0.029, 0.05)) == "reproduced"
-    assert v.keeps(d(-0.03, 0.05)) == "inconclusive at this power"
-    assert v.keeps(d(-0.10, -0.01)) == "not reproduced"
-    # beats
-    assert v.beats(d(0.001, 0.05)) == "reproduced"
-    assert v.beats(d(-0.05, -0.001)) == "not reproduced"
-    assert v.beats(d(-0.02, 0.02)).startswith("not reproduced (no difference")
-    assert v.beats(d(-0.05, 0.02)) == "inconclusive at this power"
-    # the regime: at most 1% masked
-    assert v.in_paper_regime(0.01) == "yes" and v.in_paper_regime(0.0101) == "no"
-    assert v.describe(d(-0.05, -0.01)) == (
-        "AUC -3.0 points (standard error 0.5, 95% interval -5.0 to -1.0, 3 seeds)"
-    )
 
 
 def _fake_run(root: Path, name: str, acc0: float, acc40: float, masked: float = 0.0) -> None:
@@ -414,7 +419,7 @@ def _fake_run(root: Path, name: str, acc0: float, acc40: float, masked: float = 
 
 
 def test_round3_report_from_run_directories(study, tmp_path):
-    from study.round3 import Round3, collect, verdicts, write
+    from research.stale_study.report import finished
 
     root = tmp_path / "runs"
     # AUC with evaluations at 0 and 40 only: (acc0 + acc40) / 2
@@ -423,29 +428,101 @@ def test_round3_report_from_run_directories(study, tmp_path):
         _fake_run(root, f"grpo_s4_seed{seed}", 0.2, top - 0.2)  # 0.1 below, both seeds
         _fake_run(root, f"m2po_s4_seed{seed}", 0.2, top, masked=0.004)  # equal
     _fake_run(root, "m2po_tr_s4_seed1", 0.2, 0.8)  # one seed only: pending
-    plan = Round3(regime_staleness=4, seeds=(1, 2))
-    rows = collect([str(root)], plan)
+    _fake_run(root, "grpo_s8_seed1", 0.2, 0.8)  # no cell of round 3 at s=4: not covered
+    md, csv_path = tmp_path / "r3.md", tmp_path / "r3.csv"
+    args = [
+        "--round=3",
+        "--replot",
+        "--staleness=4",
+        "--seeds=1,2",
+        f"--archive-dir={root}",
+        f"--work-dir={tmp_path / 'work'}",
+        f"--md={md}",
+        f"--csv={csv_path}",
+    ]
+    assert study.main(args) == 0
+    assert len(_rows(csv_path)) == 7
+    parsed = study.parse_args(args)
+    from research.stale_study.report import ReportInputs, collect
+
+    inp = ReportInputs(
+        parsed.round_def, parsed.arm_defs, parsed.arms, 4, [1, 2], 40, [str(root)], "", "", ""
+    )
+    rows = finished(inp, collect(inp))
     assert {k: len(v) for k, v in rows.items()} == {
         ("grpo_onpolicy", 0): 2,
         ("grpo", 4): 2,
         ("m2po", 4): 2,
         ("m2po_tr", 4): 1,
     }
-    got = {claim: (verdict, numbers) for claim, verdict, numbers in verdicts(rows, plan)}
-    assert got["s=4 is the paper's regime (M2PO masks at most 1% of the tokens)"][0] == "yes"
+    got = {v.claim: (v.verdict, v.because) for v in verdicts.verdicts(inp.round, rows, 4, [1, 2])}
+    assert got["s=4 is the paper's regime (M2PO masks at most 1% of the tokens)"] == (
+        "yes",
+        "M2PO (all tokens) masked 0.40% (standard error 0.00)",
+    )
     assert got["clipped GRPO loses accuracy at s=4"] == (
         "reproduced",
         "AUC -10.0 points (standard error 0.0, 95% interval -10.0 to -10.0, 2 seeds)",
     )
     assert got["M2PO (all tokens) keeps on-policy accuracy at s=4"][0] == "reproduced"
     assert got["M2PO (all tokens) beats clipped GRPO at s=4"][0] == "reproduced"
-    assert got["M2PO (trust-region tokens) keeps on-policy accuracy at s=4"][0] == "pending"
-    md = tmp_path / "r3.md"
-    assert write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd") == 7
+    assert got["M2PO (trust-region tokens) keeps on-policy accuracy at s=4"] == (
+        "pending",
+        "waiting for m2po_tr s=4 (1 of 2 seeds), grpo_onpolicy s=0 (2 of 2 seeds)",
+    )
     text = md.read_text()
     assert "| M2PO, all tokens | 4 | 2 of 2 | 85.0 ± 5.0 |" in text
     assert "| 0.40 ± 0.00 |" in text and "<!-- reading:start -->" in text
+    assert "| M2PO, trust-region tokens | 16 | 0 of 2 | | | | | | | | |" in text
     # the hand-written reading survives a regeneration
     md.write_text(text.replace("(not written yet)", "my reading"))
-    write([str(root)], plan, str(md), str(tmp_path / "r3.csv"), "cmd")
+    assert study.main(args) == 0
     assert "my reading" in md.read_text()
+
+
+@pytest.mark.parametrize("round_name", ["2", "3"])
+def test_the_committed_reports_are_what_the_committed_runs_give(
+    study, tmp_path, monkeypatch, round_name
+):
+    """The reports in docs/ regenerate byte for byte from research/stale_study/data/runs (into
+    a copy of docs/, from the repository's root; the hand-written blocks are the committed
+    report's)."""
+    monkeypatch.chdir(REPO)  # the archive directory is named relative to the root
+    report = load_round(round_name).report
+    outputs = [name for name in ("md", "csv", "png", "round1_csv") if name in report]
+    for name in ("md", "round1_csv"):
+        if name in report:
+            (tmp_path / report[name]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / report[name], tmp_path / report[name])
+    flags = [f"--{name.replace('_', '-')}={tmp_path / report[name]}" for name in outputs]
+    work = f"--work-dir={tmp_path / 'no_work_dir'}"
+    args = study.parse_args([f"--round={round_name}", "--replot", work, *flags])
+    assert args.archive_dir == "research/stale_study/data/runs"
+    study.report(args, f"python -m research.stale_study --round {round_name} --replot")
+    for name in ("md", "csv", "png"):
+        if name in report and name != "png":
+            assert (tmp_path / report[name]).read_bytes() == (REPO / report[name]).read_bytes()
+        elif name in report:  # the figure: matplotlib's version may change the bytes
+            assert (tmp_path / report[name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_malformed_round_file_is_named_with_its_key(study, tmp_path):
+    def bad(text: str, match: str) -> None:
+        path = tmp_path / "round9.yaml"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            load_round(str(path))
+
+    bad("settngs: {}\n", r"round9\.yaml: unknown key\(s\) \['settngs'\]")
+    claim = "claims:\n  - {claim: c, rule: %s, arm: %s%s}\n"
+    bad(claim % ("wins", "m2po@s", ""), r"claims\[0\]\.rule: 'wins' not in")
+    bad(claim % ("beats", "m2po@s", ""), r"claims\[0\]: rule beats needs baseline")
+    bad(claim % ("beats", "m2po", ", baseline: grpo@s"), r"claims\[0\]\.arm: 'm2po' is not a cell")
+    bad(claim % ("masked_below", "m2po@s", ""), r"claims\[0\]\.max_fraction: rule masked_below")
+    bad("report: {sections: [tables]}\n", r"report\.sections\[0\]: kind not in")
+    columns = "report: {sections: [{kind: results, columns: [{header: x}]}]}\n"
+    bad(columns, r"report\.sections\[0\]\.columns\[0\]: needs a stat")
+    with pytest.raises(ValueError, match=r"--round 9: .*round9\.yaml does not exist .*'round2'"):
+        load_round("9")
+    with pytest.raises(SystemExit):  # and on the command line, before anything runs
+        study.parse_args(["--round=9"])

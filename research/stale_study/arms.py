@@ -1,4 +1,5 @@
-"""The study's arms and default settings, loaded from ``arms.yaml`` (data, not code)."""
+"""The study's arms and the settings every round shares, loaded from ``arms.yaml`` (data, not
+code); each round's own plan and rules are in ``rounds/`` (:mod:`.rounds`)."""
 
 from __future__ import annotations
 
@@ -64,27 +65,8 @@ def _parse_arm(name: str, raw: Any, path: str) -> Arm:
     )
 
 
-@dataclass(frozen=True)
-class Pilot:
-    """The staleness pilot: ``arm`` at each of ``staleness`` on the study's first seed."""
-
-    arm: str
-    staleness: tuple[int, ...]
-
-
-def _parse_pilot(raw: Any, arms: dict[str, Arm], path: str) -> Pilot | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or raw.get("arm") not in arms:
-        raise ValueError(f"{path}: pilot.arm must name an arm, got {raw!r}")
-    values = raw.get("staleness")
-    if not isinstance(values, list) or not all(isinstance(v, int) and v >= 0 for v in values):
-        raise ValueError(f"{path}: pilot.staleness must be a list of integers >= 0")
-    return Pilot(raw["arm"], tuple(values))
-
-
 def load_arms_file(path: str = ARMS_FILE) -> tuple[dict[str, Arm], dict[str, Any]]:
-    """(arms by name, in file order; default settings, with ``pilot`` parsed) from ``path``.
+    """(arms by name, in file order; the default settings every round shares) from ``path``.
 
     Raises:
         ValueError: a malformed file, naming the file and the offending key.
@@ -98,6 +80,8 @@ def load_arms_file(path: str = ARMS_FILE) -> tuple[dict[str, Arm], dict[str, Any
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise ValueError(f"{path}: 'defaults' must be a mapping")
+    unknown = set(data) - {"defaults", "arms"}
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {sorted(unknown)} (a round's plan: rounds/)")
     arms = {name: _parse_arm(name, raw, path) for name, raw in data["arms"].items()}
-    defaults = {**defaults, "pilot": _parse_pilot(data.get("pilot"), arms, path)}
     return arms, defaults

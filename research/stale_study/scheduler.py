@@ -4,7 +4,7 @@ A run is started with ``recover.mode=auto`` and a recover checkpoint every few u
 (``keep_last`` 1), so a run that was killed (the machine rebooted, the session ended) continues
 from its last checkpoint when the study is started again with the same ``--work-dir``. A run
 that finished is marked ``done.json``; its recover checkpoints are deleted and its small files
-copied to the archive directory (see :mod:`study.runs`), and it is never run again.
+copied to the archive directory (see :mod:`.runs`), and it is never run again.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from study.arms import Arm
-from study.runs import (
+from .arms import Arm
+from .runs import (
     DONE_FILE,
     RUN_INFO_FILE,
     RunKey,

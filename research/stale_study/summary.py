@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from study.runs import RunKey, read_config, read_json, read_metrics, run_times
+from .runs import RunKey, read_config, read_json, read_metrics, run_times
 
 COLLAPSE_DEFINITION = (
     "collapsed = the last evaluation is below half the best evaluation of the run, or below the "
@@ -95,7 +95,7 @@ def auc(evals: Sequence[tuple[int, float]], steps: int) -> float:
     return area / steps
 
 
-def _kl_key(config: dict[str, Any]) -> str:
+def kl_key(config: dict[str, Any]) -> str:
     """The metric holding the behaviour-vs-proximal KL (k1, mean over valid tokens).
 
     With ``recompute_logprob`` the actor logs it as ``actor/behave_kl``. Without it the
@@ -108,12 +108,15 @@ def _kl_key(config: dict[str, Any]) -> str:
     return "actor/approx_kl"
 
 
-def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[str, Any]:
-    """One row of :data:`RUN_COLUMNS` computed from ``run_dir``'s files only.
+def summarise_run(
+    run_dir: str, key: RunKey, steps: int, metric: str, extra_metrics: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One row of :data:`RUN_COLUMNS` (and of ``extra_metrics``) from ``run_dir``'s files only.
 
     ``metric`` is the arm's masked-or-clipped fraction key (``m2po/masked_fraction`` or
-    ``actor/clip_fraction``). Fractions, KL and m2 are averaged over the updates with a learning
-    signal (grad norm > 0): an update whose advantages are all zero clips and masks nothing.
+    ``actor/clip_fraction``). Fractions, KL, m2 and each of ``extra_metrics`` (logged metric
+    names, a round's ``run_metrics``) are averaged over the updates with a learning signal
+    (grad norm > 0): an update whose advantages are all zero clips and masks nothing.
     """
     records = read_metrics(run_dir)
     config = read_config(run_dir)
@@ -138,8 +141,10 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
     row["mean_masked_fraction"] = mean([r.get("m2po/masked_fraction") for r in signal])
     row["mean_clip_fraction"] = mean([r.get("actor/clip_fraction") for r in signal])
     row["masked_or_clipped_fraction"] = mean([r.get(metric) for r in signal])
-    row["behave_kl"] = mean([r.get(_kl_key(config)) for r in signal])
+    row["behave_kl"] = mean([r.get(kl_key(config)) for r in signal])
     row["m2_before"] = mean([r.get("m2po/m2_before") for r in signal])
+    for name in extra_metrics:
+        row[name] = mean([r.get(name) for r in signal])
     row["mean_grad_norm"] = mean(grad)
     row["max_grad_norm"] = max((g for g in grad if g is not None), default=float("nan"))
     row["mean_reward_last5"] = mean([r.get("reward/mean") for r in train[-5:]])
@@ -158,10 +163,13 @@ def summarise_run(run_dir: str, key: RunKey, steps: int, metric: str) -> dict[st
 ARM_STATS = (*MEASURED, "wall_s", "cpu_s")
 
 
-def summarise_arm(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Mean and standard error over the (finished) runs of one arm at one staleness."""
+def summarise_arm(
+    rows: Sequence[dict[str, Any]], extra_metrics: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Mean and standard error over the (finished) runs of one arm at one staleness, of
+    :data:`ARM_STATS` and of the rows' ``extra_metrics``."""
     out: dict[str, Any] = {"n": len(rows), "seeds": sorted(int(r["seed"]) for r in rows)}
-    for col in ARM_STATS:
+    for col in (*ARM_STATS, *extra_metrics):
         vals = [r[col] for r in rows]
         out[col] = mean(vals)
         out[col + "_se"] = stderr(vals)

@@ -7,9 +7,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from study.arms import Arm
-from study.runs import read_config, read_metrics
-from study.summary import _kl_key
+from .arms import Arm
+from .runs import read_config, read_metrics
+from .summary import kl_key
 
 
 def _series(run_dir: str, key: str) -> list[tuple[int, float]]:
@@ -54,7 +54,7 @@ def plot(
         panels = (
             (axes[0][0], "eval/accuracy"),
             (axes[0][1], metric),
-            (axes[1][0], _kl_key(read_config(rows[0]["run_dir"]))),
+            (axes[1][0], kl_key(read_config(rows[0]["run_dir"]))),
         )
         for ax, key in panels:
             curves = [_series(r["run_dir"], key) for r in rows]

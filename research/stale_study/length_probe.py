@@ -4,7 +4,7 @@ completion the shortest prefix that the reward still accepts, and print the dist
 Used to choose the study's ``gconfig.max_new_tokens`` (as small as the task allows without
 truncating correct answers)::
 
-    python scripts/study/length_probe.py --model builtin:smollm2-135m-instruct --n 128
+    python -m research.stale_study.length_probe --model builtin:smollm2-135m-instruct --n 128
 
 Prompts are built as the trainer builds them (chat template); sampling is full-softmax at the
 given temperature (no top-k/top-p), greedy for the evaluation's view.
@@ -88,7 +88,9 @@ def probe(model_path: str, n: int, samples: int, max_new_tokens: int, seed: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python scripts/study/length_probe.py", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m research.stale_study.length_probe", description=__doc__
+    )
     p.add_argument("--model", default="builtin:smollm2-135m-instruct")
     p.add_argument("--n", type=int, default=128, help="test problems")
     p.add_argument("--samples", type=int, default=4, help="samples per problem at T=1")

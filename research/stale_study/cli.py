@@ -5,19 +5,23 @@ before Collapse", arXiv 2510.01161): with the batch trained at update t generate
 of update t - s, GRPO degrades, GRPO without a trust region prospers then collapses, and M2PO
 (m2_threshold 0.04, no clipping) matches on-policy training.
 
-The arms and the default settings are data: ``scripts/study/arms.yaml``. Every run goes through
-the normal entry point (``python -m areal_m2po.train KEY=VALUE ...``) into its own
-``<work-dir>/<arm>_s<s>_seed<k>`` directory, with recover checkpoints, so a study that was
+The study goes in rounds; a round is a rules file, ``rounds/round<N>.yaml``: its plan (arms,
+staleness, seeds, work directory, pilot), its claims and their verdict rules, and its report.
+The arms and the settings every round shares are ``arms.yaml``. Every run goes through the
+normal entry point (``python -m areal_m2po.train KEY=VALUE ...``) into its own
+``<work-dir>/<arm>_s<s>_seed<k>`` directory, with recover checkpoints, so a round that was
 stopped continues where it was (finished runs are never rerun); a finished run's small files
 (metrics.jsonl, config.yaml, done.json; no weights) are copied to ``--archive-dir`` in the
-repository, and the report (CSV, PNG, Markdown) is computed from the run directories alone::
+repository (``data/runs``), and the report (CSV, PNG, Markdown) is computed from the run
+directories alone. From the repository's root::
 
-    python scripts/stale_study.py                         # run (or resume) the study
-    python scripts/stale_study.py --staleness 4 --arms grpo --seeds 1   # one more run
-    python scripts/stale_study.py --replot                # archive finished runs, re-report
+    python -m research.stale_study --round 2              # run (or resume) round 2
+    python -m research.stale_study --round 3 --staleness 16 --arms m2po_tr   # more runs
+    python -m research.stale_study --round 3 --replot     # archive finished runs, re-report
 
-Code: :mod:`study.arms` (arms.yaml), :mod:`study.scheduler` (resumable runs),
-:mod:`study.summary` and :mod:`study.verdicts` (the numbers), :mod:`study.report` (the files).
+Code: :mod:`.arms` (arms.yaml), :mod:`.rounds` (a round's file), :mod:`.scheduler`
+(resumable runs), :mod:`.summary` and :mod:`.verdicts` (the numbers), :mod:`.report` and
+:mod:`.tables` (the files).
 """
 
 from __future__ import annotations
@@ -29,13 +33,11 @@ import shutil
 import sys
 import time
 
-if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # when imported by path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from study.arms import ARMS_FILE, load_arms_file  # noqa: E402
-from study.report import ReportInputs, write_report  # noqa: E402
-from study.runs import archive_run, discover, is_done  # noqa: E402
-from study.scheduler import (  # noqa: E402
+from .arms import ARMS_FILE, load_arms_file
+from .report import ReportInputs, write_report
+from .rounds import load_round
+from .runs import archive_run, discover, is_done
+from .scheduler import (
     RunOptions,
     Settings,
     build_specs,
@@ -46,8 +48,11 @@ from study.scheduler import (  # noqa: E402
     run_all,
 )
 
-COMMANDS_FILE = "study_commands.txt"
-# flag -> (type, help); a flag left unset takes arms.yaml's `defaults` value
+COMMANDS_FILE = "study_commands.txt"  # in the work directory; archived per round
+ARCHIVE_DIR = "research/stale_study/data/runs"
+PROG = "python -m research.stale_study"
+# flag -> (type, help); a flag left unset takes the round file's `settings` value, else
+# arms.yaml's `defaults` value
 SETTING_FLAGS: dict[str, tuple[type, str]] = {
     "model": (str, "actor.path"),
     "dtype": (str, "actor.dtype"),
@@ -69,16 +74,66 @@ SETTING_FLAGS: dict[str, tuple[type, str]] = {
     "threads": (int, "torch threads per run (0: torch's default)"),
     "parallel": (int, "runs at a time, each its own process (1: in this process)"),
     "recover_every": (int, "recover checkpoint every N updates"),
+    "work_dir": (str, "runs train here (recover checkpoints: keep it outside the git tree)"),
 }
+OUTPUT_FLAGS = ("csv", "png", "md", "round1_csv")  # default: the round file's report.*
+
+
+def _resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill the unset flags from the round file, then arms.yaml; check the plan."""
+    try:
+        args.round_def = load_round(args.round)
+        args.arm_defs, defaults = load_arms_file(args.arms_file)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    rnd = args.round_def
+    unknown = set(rnd.settings) - set(SETTING_FLAGS)
+    if unknown:
+        p.error(f"{rnd.path}: settings: unknown key(s) {sorted(unknown)}")
+    for name, (typ, _) in SETTING_FLAGS.items():
+        if getattr(args, name) is None:
+            value = rnd.settings.get(name, defaults.get(name))
+            if value is None:
+                p.error(
+                    f"--{name.replace('_', '-')} not given, nor in {rnd.path} or {args.arms_file}"
+                )
+            setattr(args, name, typ(value))
+    for name in OUTPUT_FLAGS:
+        if getattr(args, name) is None:
+            setattr(args, name, str(rnd.report.get(name) or ""))
+    if not args.md or not args.csv:
+        p.error(f"--md and --csv not given, nor report.md/report.csv in {rnd.path}")
+    args.arms = [a.strip() for a in str(args.arms).split(",") if a.strip()]
+    cited = {c.arm for claim in rnd.claims for c in claim.cells()} | {
+        c.arm for c in rnd.cells or ()
+    }
+    if rnd.pilot:
+        cited.add(rnd.pilot.arm)
+    unknown = [a for a in dict.fromkeys([*args.arms, *sorted(cited)]) if a not in args.arm_defs]
+    if unknown:
+        p.error(f"unknown arm(s) {unknown}; {args.arms_file} has {list(args.arm_defs)}")
+    args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    pilot = rnd.pilot
+    args.pilot_arm = args.arm_defs[pilot.arm] if pilot else None
+    if args.pilot_staleness is None:
+        args.pilot_staleness = list(pilot.staleness) if pilot else []
+    else:
+        args.pilot_staleness = [int(s) for s in args.pilot_staleness.split(",") if s.strip()]
+    if args.pilot_staleness and args.pilot_arm is None:
+        p.error(f"--pilot-staleness needs a 'pilot' entry naming its arm in {rnd.path}")
+    if args.parallel < 1 or args.staleness < 0 or args.steps < 1:
+        p.error("--parallel and --steps must be >= 1, --staleness >= 0")
+    args.work_dir = os.path.expanduser(args.work_dir)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python scripts/stale_study.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--arms-file", default=ARMS_FILE, help="the arms and default settings")
+    p.add_argument(
+        "--round", required=True, help="the round: N for rounds/roundN.yaml, or a YAML file"
+    )
+    p.add_argument("--arms-file", default=ARMS_FILE, help="the arms and shared settings")
     for name, (typ, help_) in SETTING_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_)
     p.add_argument(
@@ -88,50 +143,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'accelerate launch --num_processes 4' (multi-GPU)",
     )
     p.add_argument("--devices-per-run", type=int, default=0, help="GPUs per concurrent run")
-    p.add_argument(
-        "--work-dir",
-        default="~/.cache/areal_m2po/stale_study_r2",
-        help="runs train here (recover checkpoints: keep it outside the git tree)",
-    )
-    p.add_argument("--archive-dir", default="docs/stale_study/runs", help="finished runs' files")
-    p.add_argument("--csv", default="docs/stale_study.csv")
-    p.add_argument("--png", default="docs/stale_study.png")
-    p.add_argument("--md", default="docs/stale_study.md")
-    p.add_argument("--round1-csv", default="docs/stale_study/round1.csv", help="round-1 pilot")
+    p.add_argument("--archive-dir", default=ARCHIVE_DIR, help="finished runs' files")
+    for name in OUTPUT_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=f"report.{name}")
     p.add_argument(
         "--pilot-staleness",
         default=None,
-        help="comma-separated s of the staleness pilot ('' for none; default: arms.yaml)",
+        help="comma-separated s of the staleness pilot ('' for none; default: the round's)",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--force", action="store_true", help="rerun finished runs from scratch")
     p.add_argument("--replot", action="store_true", help="archive finished runs and re-report")
     args = p.parse_args(argv)
-    try:
-        args.arm_defs, defaults = load_arms_file(args.arms_file)
-    except (OSError, ValueError) as exc:
-        p.error(str(exc))
-    for name in SETTING_FLAGS:
-        if getattr(args, name) is None:
-            if name not in defaults:
-                p.error(f"--{name.replace('_', '-')} not given and not in {args.arms_file}")
-            setattr(args, name, SETTING_FLAGS[name][0](defaults[name]))
-    args.arms = [a.strip() for a in str(args.arms).split(",") if a.strip()]
-    unknown = [a for a in args.arms if a not in args.arm_defs]
-    if unknown:
-        p.error(f"unknown arm(s) {unknown}; {args.arms_file} has {list(args.arm_defs)}")
-    args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    pilot = defaults["pilot"]
-    args.pilot_arm = args.arm_defs[pilot.arm] if pilot else None
-    if args.pilot_staleness is None:
-        args.pilot_staleness = list(pilot.staleness) if pilot else []
-    else:
-        args.pilot_staleness = [int(s) for s in args.pilot_staleness.split(",") if s.strip()]
-    if args.pilot_staleness and args.pilot_arm is None:
-        p.error(f"--pilot-staleness needs a 'pilot' entry naming its arm in {args.arms_file}")
-    if args.parallel < 1 or args.staleness < 0 or args.steps < 1:
-        p.error("--parallel and --steps must be >= 1, --staleness >= 0")
-    args.work_dir = os.path.expanduser(args.work_dir)
+    _resolve(p, args)
     return args
 
 
@@ -142,15 +166,16 @@ def settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def archive_finished(work_dir: str, archive_dir: str) -> None:
-    """Copy every finished run under ``work_dir`` (and the commands file) to ``archive_dir``."""
+def archive_finished(work_dir: str, archive_dir: str, commands_file: str) -> None:
+    """Copy every finished run under ``work_dir`` to ``archive_dir``, and the work
+    directory's commands file to ``archive_dir/commands_file``."""
     for run_dir in discover([work_dir]).values():
         if is_done(run_dir):
             archive_run(run_dir, archive_dir)
     src = os.path.join(work_dir, COMMANDS_FILE)
     if os.path.exists(src):
         os.makedirs(archive_dir, exist_ok=True)
-        shutil.copy2(src, os.path.join(archive_dir, COMMANDS_FILE))
+        shutil.copy2(src, os.path.join(archive_dir, commands_file))
 
 
 def _read(path: str) -> str:
@@ -170,6 +195,7 @@ def report(args: argparse.Namespace, command: str) -> int:
     arms = [args.arm_defs[a] for a in args.arms]
     pilot = (args.pilot_arm, args.pilot_staleness)
     inp = ReportInputs(
+        round=args.round_def,
         arms=args.arm_defs,
         study_arms=args.arms,
         staleness=args.staleness,
@@ -180,17 +206,19 @@ def report(args: argparse.Namespace, command: str) -> int:
         png=args.png,
         md=args.md,
         round1_csv=args.round1_csv,
-        commands=_read(os.path.join(args.archive_dir, COMMANDS_FILE)),
+        commands=_read(os.path.join(args.archive_dir, args.round_def.commands_file)),
         model=args.model,
         pilot=[k.name for _, k in plan_pilot(arms, args.staleness, args.seeds, *pilot)],
+        command=command,
+        round_command=f"{PROG} --round {args.round}",
     )
-    return len(write_report(inp, command))
+    return len(write_report(inp))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    command = shlex.join(["python", "scripts/stale_study.py", *argv])
+    command = shlex.join(["python", "-m", "research.stale_study", *argv])
     t0 = time.perf_counter()
     status: dict[str, int] = {}
     if not args.replot:
@@ -219,16 +247,12 @@ def main(argv: list[str] | None = None) -> int:
             devices_per_run=args.devices_per_run,
         )
         status = run_all(todo, args.steps, opts)
-    archive_finished(args.work_dir, args.archive_dir)
+    archive_finished(args.work_dir, args.archive_dir, args.round_def.commands_file)
     n = report(args, command)
     failed = {k: v for k, v in status.items() if v != 0}
     print(
-        f"[stale_study] {n} run(s) summarised into {args.csv}, {args.png}, {args.md} "
+        f"[stale_study] {n} run(s) summarised into {args.csv}, {args.md} "
         f"({time.perf_counter() - t0:.0f}s)" + (f"; failed: {failed}" if failed else ""),
         flush=True,
     )
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
