@@ -1593,10 +1593,12 @@ class RWModelConfig(TrainedModelConfig):
         "id, 'builtin:smollm2-135m-instruct' or 'builtin:tiny'.",
     )
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
-    micro_batch_size: int | None = _field(
-        None,
-        "Pairs per forward/backward on each rank (gradient accumulation); null: the rank's "
-        "whole share of the batch at once.",
+    mb_spec: MicroBatchSpec = _section(
+        lambda: MicroBatchSpec(max_tokens_per_mb=None, packing=False),
+        "How each rank's share of the pairs is split into micro-batches (gradient "
+        "accumulation); a pair's chosen and rejected texts stay together and count together "
+        "against max_tokens_per_mb; packing does not apply (the reward model's forward is "
+        "padded). Default: the whole share in one forward.",
     )
     lora: LoRAConfig | None = _field(
         None,
@@ -1609,7 +1611,7 @@ class RWModelConfig(TrainedModelConfig):
         super().__post_init__()
         _validate_section(self, "lora", LoRAConfig, optional=True)
         _validate_section(self, "optimizer", OptimizerConfig)
-        _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
+        _validate_section(self, "mb_spec", MicroBatchSpec)
 
 
 @dataclass

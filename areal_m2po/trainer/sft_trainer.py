@@ -248,11 +248,6 @@ class SFTTrainer(RecoverableStepLoop):
             "sft/epoch", lambda stats: self._checkpoint_after_step(not stats.get("sft/skipped"))
         )
 
-    def close(self) -> None:
-        self.stats_logger.close()
-        # destroy the process group while the interpreter is whole (gloo work can abort its exit)
-        self.accelerator.end_training()
-
 
 def run(config: SFTConfig) -> int:
     """Fine-tune as configured; returns the exit status (2: bad input, one line; 1: a recover

@@ -61,8 +61,9 @@ def completion_start(batch: Batch) -> int:
 
 
 def seq_lengths(batch: Batch) -> torch.Tensor:
-    """Real tokens per row, int64 [B]."""
-    return batch["attention_mask"].sum(-1)
+    """Real tokens per row, int64 [B] (summed over every dimension after the first: a row of
+    preference pairs, ``[P, 2, T]``, counts its chosen and rejected tokens together)."""
+    return batch["attention_mask"].flatten(1).sum(-1)
 
 
 def split_microbatches(
