@@ -121,7 +121,7 @@ class RLTrainer(RecoverableStepLoop):
 
     def _check_launch(self) -> None:
         """Refuse launch set-ups this trainer does not handle, before any model loads."""
-        from areal_m2po.trainer.launch import check_launch, check_rl_batch
+        from areal_m2po.trainer.preflight import check_launch, check_rl_batch
 
         cfg = self.config
         check_launch(

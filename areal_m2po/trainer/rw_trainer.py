@@ -33,7 +33,7 @@ from areal_m2po.api.cli_args import (
     RWModelConfig,
     TrainEngineConfig,
 )
-from areal_m2po.trainer.launch import check_batch_split
+from areal_m2po.trainer.preflight import check_batch_split
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,

@@ -31,7 +31,7 @@ import torch
 from areal_m2po.algo.sft_loss import sft_nll_loss
 from areal_m2po.api.cli_args import SFTConfig, SFTDatasetConfig
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
-from areal_m2po.trainer.launch import check_batch_split, check_engine_launch
+from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
