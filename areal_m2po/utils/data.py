@@ -23,8 +23,8 @@ import torch
 Batch = dict[str, torch.Tensor]
 
 LEGACY_KEYS = {"logprobs": "behave_logp"}
-"""Old batch key -> its name now (the behaviour log-probs were ``logprobs`` up to 2026-12;
-recover checkpoints of that time hold queued batches with the old name)."""
+"""Old batch key -> its current name: recover checkpoints that hold the behaviour log-probs
+under ``logprobs`` hold queued batches with that key."""
 
 
 def with_current_keys(batch: Batch) -> Batch:
