@@ -108,4 +108,4 @@ def _apply_m2po_masking(
     ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
     statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
     the same)."""
-    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold)[0]
+    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]

@@ -3,8 +3,7 @@
 M2PO (second-moment trust policy optimisation) masks, before the policy loss, the valid tokens
 whose behaviour-vs-proximal log-ratio has an outsized second moment:
 
-* per valid token: ``m2 = (behave_logp - prox_logp)^2`` in nats^2, in float64 (float32
-  log-probs are upcast exactly before the difference);
+* per valid token: ``m2 = (behave_logp - prox_logp)^2`` in nats^2, in float64;
 * the rule (the paper's Algorithm 1, AReaL's ``_apply_m2po_masking``): sort the candidates' m2
   descending and drop the largest, one at a time, until the mean m2 of the tokens left is
   strictly below ``m2_threshold``; keep at least one; among equal values the smaller index goes
@@ -15,8 +14,7 @@ Token sets (``actor.m2_token_set``): ``all`` (AReaL's, the default) takes every 
 candidate; ``trust_region`` (the paper's final version, as Trinity-RFT PR #616 and ms-swift PR
 #9965 implement it) only the valid tokens in PPO's active trust-region quadrants, ``A > 0 and
 r > 1`` or ``A < 0 and r < 1`` with ``r = pi_prox / pi_behave``; the other valid tokens are kept.
-Per-token tensors are ``[B, T]``, ``loss_mask`` is ``torch.bool`` (True on valid tokens).
-Imports torch and :mod:`areal_m2po.algo` only; keeps no state.
+Per-token tensors are ``[B, T]``, ``loss_mask`` bool; imports torch and the algo package only.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def check_m2_threshold(m2_threshold: Any) -> float:
 
 
 def _check_inputs(loss_mask: Tensor, **tensors: Tensor) -> None:
-    """A one-line TypeError/ValueError unless ``loss_mask`` is bool and ``tensors`` float, all
-    of the first tensor's shape."""
+    """One-line errors unless ``loss_mask`` is bool, ``tensors`` float, all of one shape."""
     checks.check_bool_mask("loss_mask", loss_mask)
     for name, t in tensors.items():
         checks.check_tensor(name, t, floating=True)
@@ -85,19 +82,23 @@ def trust_region_tokens(
 
 
 def m2po_keep_mask(m2: Tensor, m2_threshold: float) -> Tensor:
-    """The rule on a 1-D float ``m2`` ``[N]`` (any dtype, any device): bool ``[N]``, True =
-    keep; on ``m2`` sorted descending, AReaL's ``_get_m2po_loss_mask``. One-line errors for a
-    non-float or non-1-D ``m2``, NaN/Inf in it, a sum that overflows float64, a bad threshold."""
+    """The rule on a 1-D float ``m2`` ``[N]``: bool ``[N]``, True = keep (AReaL's
+    ``_get_m2po_loss_mask`` of ``m2`` sorted descending). One-line errors for a non-float or
+    non-1-D ``m2``, NaN/Inf in it, a sum that overflows float64, a bad threshold."""
     checks.check_tensor("m2", m2, floating=True)
     if m2.ndim != 1:
         raise ValueError(f"m2 must be 1-D (the valid tokens' m2), got shape {tuple(m2.shape)}")
     thr = check_m2_threshold(m2_threshold)
     if (n := m2.numel()) == 0:
         return torch.zeros(0, dtype=torch.bool, device=m2.device)
-    descending, order = torch.sort(m2.detach().double(), descending=True, stable=True)
-    # means[k - 1]: the mean of the k smallest values, i.e. of the suffix that drops n - k
+    values = m2.detach().double() + 0.0  # -0.0 becomes 0.0: equal values, equal keys
+    bits = values.view(torch.int64)  # IEEE bits, made monotone, then reversed: an int64 key
+    key = torch.where(bits < 0, bits ^ (2**63 - 1), bits).bitwise_not_()
+    # its stable ascending sort is the values' stable descending sort, several times faster
+    order = torch.sort(key, stable=True).indices
+    descending = values[order]
     count = torch.arange(1, n + 1, dtype=torch.float64, device=m2.device)
-    sums = descending.flip(0).cumsum(0)
+    sums = descending.flip(0).cumsum(0)  # sums[k - 1]: of the k smallest, the suffix kept
     n_keep = torch.where(sums / count < thr, count, 1.0).max()
     total, k = torch.stack([sums[-1], n_keep]).tolist()
     if not math.isfinite(total):  # NaN/Inf values or an overflowing sum
@@ -115,9 +116,8 @@ def _gathered(columns: list[Tensor], gather: RankGather) -> tuple[list[Tensor], 
     parts, rank = gather(torch.cat([c.double() for c in columns]))
     rows = [p.view(len(columns), -1) for p in parts]
     start = sum(r.shape[1] for r in rows[:rank])
-    merged = [torch.cat([r[i] for r in rows]) for i in range(len(columns))]
-    mine = slice(start, start + columns[0].numel())
-    return [m.to(c.dtype) for m, c in zip(merged, columns, strict=True)], mine
+    merged = [torch.cat([r[i] for r in rows]).to(c.dtype) for i, c in enumerate(columns)]
+    return merged, slice(start, start + columns[0].numel())
 
 
 def m2po_mask(
@@ -129,14 +129,13 @@ def m2po_mask(
     advantages: Tensor | None = None,
     token_set: str = "all",
     gather: RankGather | None = None,
-    stats_dtype: torch.dtype = torch.float32,
+    stats_dtype: torch.dtype | None = torch.float32,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The M2PO keep mask, bool ``[B, T]``, of one batch and its :func:`m2po_stats` (0-dim,
-    ``stats_dtype``): the rule over the candidates' m2 in row-major order, True on the other
-    valid tokens, False outside ``loss_mask``. ``advantages`` (float ``[B, T]``) are needed by
-    ``token_set="trust_region"`` and add the quadrant stats. With ``gather`` the batch is this
-    rank's share of one spread over ranks: mask and stats are those of the concatenated batch
-    (rank-major order). Raises the errors of the checks above."""
+    """The keep mask, bool ``[B, T]``, of one batch (the rule over the candidates' m2 in
+    row-major order, True on the other valid tokens, False outside ``loss_mask``) and its
+    :func:`m2po_stats` (``stats_dtype``; None: an empty dict). ``advantages`` (``[B, T]``) are
+    needed by ``token_set="trust_region"`` and add the quadrant stats. With ``gather``, mask and
+    stats are those of the batch concatenated over ranks (this rank's share is ``[B, T]``)."""
     thr = check_m2_threshold(m2_threshold)
     m2 = m2_per_token(behave_logp, prox_logp, loss_mask)
     checks.check_choice("token_set", token_set, TOKEN_SETS)
@@ -145,18 +144,20 @@ def m2po_mask(
         region = trust_region_tokens(behave_logp, prox_logp, advantages, loss_mask)
     elif token_set == "trust_region":
         raise ValueError("token_set='trust_region' needs the advantages")
-    cand = region if token_set == "trust_region" else loss_mask
-    columns = [m2[loss_mask]] + [f[loss_mask] for f in (cand, region) if f is not None]
+    columns = [m2[loss_mask]] + ([] if region is None else [region[loss_mask]])
     mine = slice(None)
     if gather is not None:
         columns, mine = _gathered(columns, gather)
-    values, cand_v, *rest = columns
-    keep = ~cand_v
-    keep[cand_v] = m2po_keep_mask(values[cand_v], thr)
-    all_valid, region_v = torch.ones_like(keep), rest[0] if rest else None
-    stats = m2po_stats(values, all_valid, keep, thr, in_region=region_v, dtype=stats_dtype)
+    values, region = columns[0], (columns[1] if region is not None else None)
+    if region is not None and token_set == "trust_region":  # only its tokens are candidates
+        keep = ~region
+        keep[region] = m2po_keep_mask(values[region], thr)
+    else:
+        keep = m2po_keep_mask(values, thr)
     out = torch.zeros_like(loss_mask)
     out[loss_mask] = keep[mine]
+    valid = torch.ones_like(keep)
+    stats = {} if stats_dtype is None else m2po_stats(values, valid, keep, thr, region, stats_dtype)
     return out, stats
 
 
@@ -165,16 +166,15 @@ def m2po_stats(
     loss_mask: Tensor,
     keep_mask: Tensor,
     m2_threshold: float,
-    *,
     in_region: Tensor | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Tensor]:
-    """M2PO diagnostics, computed in float64, as detached 0-dim tensors of ``dtype`` (all 0 when
-    empty): ``m2po/masked_fraction`` (masked / valid), ``m2po/m2_before`` / ``m2po/m2_after``
-    (mean m2 over valid / kept), ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid``; with
-    ``in_region`` (:func:`trust_region_tokens`) also ``m2po/trust_region_fraction``,
-    ``m2po/m2_before_trust_region`` and ``m2po/m2_after_trust_region``. ``m2`` (nats^2, values
-    outside ``loss_mask`` ignored) and the bool masks share one shape."""
+    """M2PO diagnostics in float64, as detached 0-dim tensors of ``dtype`` (0 when empty):
+    ``m2po/masked_fraction`` (masked / valid), ``m2po/m2_before`` / ``m2po/m2_after`` (mean m2
+    over valid / kept), ``m2po/threshold``, ``m2po/n_masked``, ``m2po/n_valid``; with
+    ``in_region``: ``m2po/trust_region_fraction``, ``m2po/m2_before_trust_region``,
+    ``m2po/m2_after_trust_region``. ``m2`` (nats^2; ignored outside ``loss_mask``) and the bool
+    masks share one shape."""
     checks.check_tensor("m2", m2, floating=True)
     for name, t in (("loss_mask", loss_mask), ("keep_mask", keep_mask)):
         checks.check_bool_mask(name, t)
