@@ -12,8 +12,8 @@ loss returns ``(loss, stats)``: a 0-dim tensor and detached 0-dim float32 statis
 MEAN over the micro-batch's valid tokens unless the name says otherwise (``*_max``, ``*_min``).
 Denominators follow :mod:`areal_m2po.algo.aggregation`.
 
-The module imports only torch and the other modules of :mod:`areal_m2po.algo`; it takes no config object (the actor unpacks its
-section into :class:`PPOLossSpec`) and keeps no state.
+The module imports only torch and the other modules of :mod:`areal_m2po.algo`; it takes no
+config object (the actor unpacks its section into :class:`PPOLossSpec`) and keeps no state.
 """
 
 from __future__ import annotations

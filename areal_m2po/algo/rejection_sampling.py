@@ -6,7 +6,8 @@ rule as the config section, :func:`areal_m2po.algo.options.rejection_sampling_pr
 :func:`apply_rejection_sampling`. The actor unpacks ``actor.rejection_sampling`` into a
 :class:`RejectionSampling`; a direct caller may also give a mapping of its field names
 (:func:`as_rejection_sampling`). Per-token tensors are ``[B, T]``; the module imports only torch,
-the standard library and the other modules of :mod:`areal_m2po.algo`, keeps no state and has no import-time side effects.
+the standard library and the other modules of :mod:`areal_m2po.algo`, keeps no state and has no
+import-time side effects.
 """
 
 from __future__ import annotations

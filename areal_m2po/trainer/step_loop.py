@@ -54,8 +54,7 @@ class StepLoop:
 
     The trainer sets ``config`` (a root config with ``evaluator`` and ``saver`` sections),
     ``step`` (finished steps), ``total_steps``, ``stats_logger``, ``accelerator`` and, for the
-    helpers that use
-    them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
+    helpers that use them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
     :meth:`evaluate` and :meth:`save_hf` (and, for :meth:`_run_epochs`, ``train_step`` and
     ``_local_rows``).
     """
