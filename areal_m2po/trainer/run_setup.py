@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from areal_m2po.trainer.launch import check_extras
+from areal_m2po.trainer.preflight import check_extras
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
 from areal_m2po.utils.host_memory import set_mmap_threshold
@@ -44,7 +44,7 @@ def start_run(config: Any) -> RunContext:
     (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
     ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``); a
     feature it asks for whose optional packages are missing is refused first
-    (:func:`~areal_m2po.trainer.launch.check_extras`)."""
+    (:func:`~areal_m2po.trainer.preflight.check_extras`)."""
     check_extras(config)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
