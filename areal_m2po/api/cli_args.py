@@ -565,6 +565,14 @@ class ActorConfig(TrainEngineConfig):
     )
     sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
     sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")
+    use_cispo_loss: bool = _field(
+        False,
+        "Use the CISPO loss (MiniMax-M1) instead of the clipped PPO loss: each token's "
+        "importance weight is clipped to [1-eps_clip, 1+eps_clip_higher] and held constant "
+        "(no gradient) while its log-prob keeps its gradient, so clipped tokens still learn. "
+        "Needs eps_clip_higher > 0 (MiniMax-M1 sets no lower bound: eps_clip >= 1); token "
+        "level only; exclusive with use_sapo_loss. AReaL key.",
+    )
     use_decoupled_loss: bool = _field(
         False,
         "Decoupled PPO: clip against the proximal policy and weight by pi_prox/pi_behave.",
@@ -706,6 +714,7 @@ class ActorConfig(TrainEngineConfig):
         _check_number("eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
         _check_number("c_clip", self.c_clip, gt=1, optional=True)
         _check_bool("use_sapo_loss", self.use_sapo_loss)
+        _check_bool("use_cispo_loss", self.use_cispo_loss)
         _check_str("loss_fn", self.loss_fn, optional=True)
         _check_number("sapo_tau_pos", self.sapo_tau_pos, gt=0)
         _check_number("sapo_tau_neg", self.sapo_tau_neg, gt=0)
@@ -793,6 +802,35 @@ class ActorConfig(TrainEngineConfig):
         if self.use_sapo_loss and self.c_clip is not None:
             raise ConfigError(
                 "c_clip", "dual clipping belongs to the clipped PPO loss; SAPO has none (set null)"
+            )
+        self._check_cispo()
+
+    def _check_cispo(self) -> None:
+        """CISPO's own constraints (AReaL's): exclusive with SAPO, a positive upper clip, token
+        level, no dual clip."""
+        if not self.use_cispo_loss:
+            return
+        if self.use_sapo_loss:
+            raise ConfigError(
+                "use_cispo_loss",
+                "CISPO and SAPO are mutually exclusive surrogates: set at most one of "
+                "use_cispo_loss / use_sapo_loss",
+            )
+        if self.eps_clip_higher is None or not self.eps_clip_higher > 0:
+            raise ConfigError(
+                "eps_clip_higher",
+                "CISPO clips its importance weight to [1-eps_clip, 1+eps_clip_higher] and needs "
+                f"a positive eps_clip_higher (e.g. eps_clip=1.0, eps_clip_higher=4.0: no lower "
+                f"bound, as MiniMax-M1), got {self.eps_clip_higher!r}",
+            )
+        if self.importance_sampling_level != "token":
+            raise ConfigError(
+                "importance_sampling_level",
+                "CISPO only supports 'token' (a sequence-level CISPO has no published surrogate)",
+            )
+        if self.c_clip is not None:
+            raise ConfigError(
+                "c_clip", "dual clipping belongs to the clipped PPO loss; CISPO has none (set null)"
             )
 
 

@@ -242,6 +242,29 @@ def test_loss_variants_train(tmp_path, name):
         assert "actor/kl_ref" in records[-1]
 
 
+def test_cispo_trains_with_m2po_and_logs_its_metrics(tmp_path):
+    """actor.use_cispo_loss: a tiny decoupled CISPO run with M2PO, one step stale, trains
+    (finite loss and gradient every step) and logs the loss's and M2PO's metrics."""
+    cfg = tiny_config(
+        tmp_path,
+        steps=2,
+        staleness=1,
+        use_cispo_loss=True,
+        eps_clip=1.0,
+        eps_clip_higher=4.0,
+        use_decoupled_loss=True,
+    )
+    cfg.evaluator = EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False)
+    cfg.saver = SaverConfig(save_at_end=False)
+    records = train(cfg)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        for key in ("actor/loss", "actor/grad_norm", "actor/pg_loss", "actor/clip_fraction"):
+            assert math.isfinite(r[key]), key
+        assert r["actor/skipped_steps"] == 0 and r["actor/dual_clip_fraction"] == 0
+        assert 0 <= r["m2po/masked_fraction"] <= 1
+
+
 def test_critic_gae_run(tmp_path):
     cfg = tiny_config(tmp_path, steps=2, adv_norm=NormConfig(mean_level="batch", std_level="batch"))
     cfg.critic = CriticConfig(enabled=True, path="builtin:tiny")
