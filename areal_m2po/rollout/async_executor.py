@@ -1,7 +1,7 @@
 """``rollout.mode=async``: episodes run while the trainer trains, bounded by AReaL's rule.
 
 A background thread runs an asyncio loop that starts the episode of a record (one group of
-``n`` samples) only when :class:`~areal_m2po.utils.staleness.StalenessBudget` allows it (at
+``n`` samples) only when :class:`~areal_m2po.rollout.staleness.StalenessBudget` allows it (at
 most ``max_head_offpolicyness`` versions stale when trained on; at most
 ``max_concurrent_rollouts`` samples in flight, a group counting ``n``), and keeps each finished
 group until the trainer asks for it. The trainer (main thread) calls
@@ -30,8 +30,8 @@ import torch
 
 from areal_m2po.api.workflow_api import TrajectoryGroup
 from areal_m2po.rollout.executor import Policy, RolloutExecutor, RolloutSetup
+from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.utils.data import Batch
-from areal_m2po.utils.staleness import StalenessBudget
 
 logger = logging.getLogger("areal_m2po.async_rollout")
 

@@ -20,8 +20,8 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
 from areal_m2po.api.workflow_api import RolloutWorkflow, TrajectoryGroup, WorkflowContext
-from areal_m2po.rollout.batch import check_groups, groups_to_batch, sum_group_stats
-from areal_m2po.rollout.rlvr import decode_completion
+from areal_m2po.rollout.batch_builder import check_groups, groups_to_batch, sum_group_stats
+from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
 

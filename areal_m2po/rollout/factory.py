@@ -1,6 +1,6 @@
 """The executor and engine the config asks for: the only place that knows the mode.
 
-``rollout.mode=sync``: :class:`~areal_m2po.rollout.hf_engine.HFInferenceEngine` (a copy of the
+``rollout.mode=sync``: :class:`~areal_m2po.rollout.engines.hf.HFInProcessEngine` (a copy of the
 policy in this process) under :class:`~areal_m2po.rollout.sync_executor.SyncRolloutExecutor`.
 ``rollout.mode=async``: :class:`~areal_m2po.rollout.remote_engine.RemoteSGLangEngine` (the
 servers of ``rollout.server_addrs``, or ``rollout.n_servers`` started here) under
@@ -86,9 +86,9 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         engine = _remote_engine(cfg, parts)
         eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
     else:
-        from areal_m2po.rollout.hf_engine import HFInferenceEngine
+        from areal_m2po.rollout.engines.hf import HFInProcessEngine
 
-        engine = HFInferenceEngine(parts.policy_model(), parts.tokenizer, parts.device)
+        engine = HFInProcessEngine(parts.policy_model(), parts.tokenizer, parts.device)
         eos_ids = list(engine.eos_ids)
     context = WorkflowContext(
         tokenizer=parts.tokenizer,
@@ -103,7 +103,7 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     )
     if roll.mode == "async":
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-        from areal_m2po.utils.staleness import StalenessBudget
+        from areal_m2po.rollout.staleness import StalenessBudget
 
         n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size
         budget = StalenessBudget(

@@ -8,7 +8,7 @@ with a context seen recently go to the server that got it (the ``n`` requests of
 one server, and its prefix cache); a completion cut short
 by a weight update (finish ``abort``) is continued from the tokens it has, so its per-token
 versions say which weights made which token. New weights go through disk: one safetensors
-directory per version (:mod:`areal_m2po.engine.weight_files`), which every server loads with
+directory per version (:mod:`areal_m2po.rollout.servers.weight_files`), which every server loads with
 ``/update_weights_from_disk`` after ``/pause_generation``; older versions are deleted.
 
 Faults: a server whose request fails (connection refused, HTTP error, ``request_timeout``) or
@@ -34,7 +34,7 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
-from areal_m2po.engine.weight_files import prune_weights, write_weights
+from areal_m2po.rollout.servers.weight_files import prune_weights, write_weights
 from areal_m2po.utils.aio import cancel_pending, gather_or_cancel
 
 logger = logging.getLogger("areal_m2po.remote_engine")

@@ -30,7 +30,10 @@ def build_vllm_engine(
         "kv_cache_gib": v.kv_cache_gib,
     }
     if roll.vllm_placement == "in_process":
-        from areal_m2po.rollout.vllm_engine import VLLMEngineOptions, VLLMInferenceEngine
+        from areal_m2po.rollout.engines.vllm.in_process import (
+            VLLMEngineOptions,
+            VLLMInProcessEngine,
+        )
 
         options = VLLMEngineOptions(
             **model,
@@ -38,7 +41,7 @@ def build_vllm_engine(
             gpu_memory_utilization=v.gpu_memory_utilization or 0.3,
             enable_sleep_mode=v.enable_sleep_mode,
         )
-        return VLLMInferenceEngine(model_path, tokenizer, tok_path, options)
+        return VLLMInProcessEngine(model_path, tokenizer, tok_path, options)
     from areal_m2po.rollout.vllm_server_engine import VLLMServerEngine, VLLMServerEngineOptions
     from areal_m2po.rollout.vllm_servers import VLLMServerOptions
 

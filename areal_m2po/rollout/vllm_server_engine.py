@@ -42,12 +42,12 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import prune_weights, read_weights_of, write_weights
+from areal_m2po.rollout.engines.vllm.in_process import eos_ids_of
+from areal_m2po.rollout.engines.vllm.setup import cuda_available
+from areal_m2po.rollout.engines.vllm.weights import VersionOnlyState, with_tied_head
 from areal_m2po.rollout.remote_engine import RolloutServerError
-from areal_m2po.rollout.vllm_engine import eos_ids_of
+from areal_m2po.rollout.servers.weight_files import prune_weights, read_weights_of, write_weights
 from areal_m2po.rollout.vllm_servers import VLLMServerOptions, VLLMServerProcesses
-from areal_m2po.rollout.vllm_setup import cuda_available
-from areal_m2po.rollout.vllm_weights import VersionOnlyState, with_tied_head
 from areal_m2po.utils import dist
 from areal_m2po.utils.aio import gather_or_cancel
 

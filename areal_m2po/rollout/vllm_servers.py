@@ -2,7 +2,7 @@
 
 Each server is ``python -m areal_m2po.rollout.vllm_server_main --parent-pid <trainer> --
 <vLLM args>`` (vLLM's OpenAI-compatible server plus a watchdog), started with the vLLM
-environment of :func:`~areal_m2po.rollout.vllm_setup.vllm_env`, ``VLLM_SERVER_DEV_MODE=1``
+environment of :func:`~areal_m2po.rollout.engines.vllm.setup.vllm_env`, ``VLLM_SERVER_DEV_MODE=1``
 (the pause/resume, ``/collective_rpc`` and weight-version endpoints), the token-in/token-out
 ``/inference/v1/generate`` endpoint (``--enable-scale-out``) and the weight-reload worker
 extension (:mod:`.vllm_worker_ext`). The Python interpreter may be another environment's
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from areal_m2po.engine.server_launcher import free_port
-from areal_m2po.rollout.vllm_setup import VLLMModelOptions, vllm_env
+from areal_m2po.rollout.engines.vllm.setup import VLLMModelOptions, vllm_env
 
 __all__ = ["VLLMServerOptions", "VLLMServerProcesses", "server_command"]
 

@@ -17,14 +17,14 @@ from scripted_engine import ScriptOnlyEngine
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.agent_workflow import AgentWorkflow
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-from areal_m2po.rollout.calculator import calculate
 from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.openai_proxy import AgentProxy
-from areal_m2po.rollout.openai_request import parse_tool_calls
+from areal_m2po.rollout.openai.chat_request import parse_tool_calls
+from areal_m2po.rollout.openai.endpoint import AgentProxy
+from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
-from areal_m2po.utils.staleness import StalenessBudget
+from areal_m2po.rollout.workflows.agent.workflow import AgentWorkflow
+from areal_m2po.rollout.workflows.multi_turn.calculator import calculate
 
 TOOLS = [
     {
@@ -102,7 +102,7 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     assert traj.versions[p2:] == [1] * len(out2.output_ids)
     for version in (0, 1):
         reference = forward_logprobs(
-            engine.rollout.model, engine.weights[version], traj.input_ids, TEMPERATURE
+            engine.generator.model, engine.weights[version], traj.input_ids, TEMPERATURE
         )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(
@@ -431,7 +431,7 @@ def test_executor_close_stops_the_agent_endpoint(mode: str) -> None:
         budget = StalenessBudget(1, 1, 0, 1)
         setup = RolloutSetup(engine, workflow, context, 2)
         executor = AsyncRolloutExecutor(setup, budget, _loader_of(record).next_batch)
-        executor.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
+        executor.start(lambda: iter(engine.generator.model.state_dict().items()), 0)
         executor.next_batch()
     thread, port = workflow.proxy._thread, workflow.proxy.port
     assert thread is not None and thread.is_alive() and not _port_is_free(port)

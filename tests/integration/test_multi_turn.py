@@ -12,10 +12,10 @@ from agentic_helpers import VersionedTinyEngine, forward_logprobs, tiny_model_an
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.chat_turns import TurnAppender
-from areal_m2po.rollout.episode import Generated, cut_at_stop
-from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
-from areal_m2po.rollout.tool_env import RetryEnvironment
+from areal_m2po.rollout.workflows.multi_turn.chat_turns import TurnAppender
+from areal_m2po.rollout.workflows.multi_turn.episode import Generated, cut_at_stop
+from areal_m2po.rollout.workflows.multi_turn.tool_env import RetryEnvironment
+from areal_m2po.rollout.workflows.multi_turn.workflow import MultiTurnWorkflow
 from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
 RETRY_TURN = (
@@ -131,7 +131,7 @@ def _check_episode(traj, engine, calls, tokenizer, temperature: float) -> None:
     # every behaviour log-prob equals a forward pass of the version that produced the token
     for version in sorted(set(traj.versions) - {-1}):
         reference = forward_logprobs(
-            engine.rollout.model, engine.weights[version], ids, temperature
+            engine.generator.model, engine.weights[version], ids, temperature
         )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(

@@ -20,8 +20,8 @@ import torch
 
 from areal_m2po.api.engine_api import SamplingParams
 from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
-from areal_m2po.engine.weight_files import read_weights, write_weights
 from areal_m2po.rollout.remote_engine import sglang_params
+from areal_m2po.rollout.servers.weight_files import read_weights, write_weights
 
 SGLANG = {
     # GenerateReqInput fields (a subset: the ones a text-only RL client can send)
@@ -281,11 +281,11 @@ def test_interrupted_batch_returns_partial_tokens_with_abort():
     from transformers import AutoTokenizer
 
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
-    from areal_m2po.engine.rollout_server import GenerationWorker, parse_generate_request
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
+    from areal_m2po.rollout.servers.hf_server import GenerationWorker, parse_generate_request
 
     local = resolve_model_path("builtin:tiny")
-    engine = RolloutEngine(_load(local), AutoTokenizer.from_pretrained(local), torch.device("cpu"))
+    engine = HFGenerator(_load(local), AutoTokenizer.from_pretrained(local), torch.device("cpu"))
     worker = GenerationWorker(engine)
     try:
         worker._interrupt.set()  # the state while a weight update with abort_all is pending

@@ -28,14 +28,14 @@ from areal_m2po.api.workflow_api import (
 )
 from areal_m2po.engine.sglang_client import ServerError
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-from areal_m2po.rollout.batch import groups_to_batch
+from areal_m2po.rollout.batch_builder import groups_to_batch
 from areal_m2po.rollout.executor import RolloutSetup
 from areal_m2po.rollout.remote_engine import (
     RemoteEngineOptions,
     RemoteSGLangEngine,
     RolloutServerError,
 )
-from areal_m2po.utils.staleness import StalenessBudget
+from areal_m2po.rollout.staleness import StalenessBudget
 
 
 def test_budget_by_hand():

@@ -12,9 +12,9 @@ import torch
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig, VLLMConfig
 from areal_m2po.api.engine_api import SamplingParams
+from areal_m2po.rollout.engines.vllm.setup import check_vllm_model, vllm_env
+from areal_m2po.rollout.engines.vllm.weights import NameCheck, with_tied_head
 from areal_m2po.rollout.vllm_server_engine import sampling_payload, span_versions
-from areal_m2po.rollout.vllm_setup import check_vllm_model, vllm_env
-from areal_m2po.rollout.vllm_weights import NameCheck, with_tied_head
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

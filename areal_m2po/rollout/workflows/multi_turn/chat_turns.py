@@ -13,18 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TurnAppender", "encode_text"]
+from areal_m2po.rollout.token_text import encode_text
+
+__all__ = ["TurnAppender"]
 
 _SENTINEL_ASSISTANT = "\u2063ASSISTANT_SENTINEL\u2063"
 _SENTINEL_MESSAGE = "\u2063MESSAGE_SENTINEL\u2063"
 _PLAIN_BEFORE, _PLAIN_AFTER = "\n\n", "\n\n"
-
-
-def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """``text``'s token ids without added special tokens (special-token text is kept as such)."""
-    if not text:
-        return []
-    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 def _template_delimiters(tokenizer: Any, role: str) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """The in-process vLLM engine: ``vllm.LLM`` inside the trainer's process (TRL's colocate mode).
 
-:class:`VLLMInferenceEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine`.
+:class:`VLLMInProcessEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine`.
 Requests that arrive together (the ``n`` requests of every group of a batch) are sampled in one
 ``LLM.generate`` call, batched as the HF engine batches them: after one full turn of the event
 loop without a new request. vLLM's prefix cache shares the prefill of a group's ``n`` samples.
@@ -32,23 +32,23 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.engine.weight_files import read_weights_of
-from areal_m2po.rollout.batching import Job, RequestBatcher
-from areal_m2po.rollout.vllm_setup import (
+from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher
+from areal_m2po.rollout.engines.vllm.setup import (
     VLLMModelOptions,
     check_vllm_model,
     cuda_available,
     import_vllm,
     vllm_env,
 )
-from areal_m2po.rollout.vllm_weights import (
+from areal_m2po.rollout.engines.vllm.weights import (
     NameCheck,
     VersionOnlyState,
     checkpoint_names,
     with_tied_head,
 )
+from areal_m2po.rollout.servers.weight_files import read_weights_of
 
-__all__ = ["VLLMEngineOptions", "VLLMInferenceEngine", "eos_ids_of", "to_vllm_sampling"]
+__all__ = ["VLLMEngineOptions", "VLLMInProcessEngine", "eos_ids_of", "to_vllm_sampling"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +111,7 @@ def output_versions(spans: Any, n_tokens: int, default: int) -> list[int]:
     return versions
 
 
-class VLLMInferenceEngine(VersionOnlyState, InferenceEngine):
+class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
     """vLLM in this process, on a copy of the policy loaded from ``model_path``.
 
     Args:

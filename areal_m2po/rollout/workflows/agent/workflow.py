@@ -35,7 +35,7 @@ from areal_m2po.api.workflow_api import (
     TrajectoryGroup,
     WorkflowContext,
 )
-from areal_m2po.rollout.openai_proxy import AgentProxy, AgentSession
+from areal_m2po.rollout.openai.endpoint import AgentProxy, AgentSession
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.imports import load_object
 

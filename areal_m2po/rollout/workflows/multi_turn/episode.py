@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_m2po.rollout.chat_turns import TurnAppender
-from areal_m2po.rollout.tool_env import Environment
+from areal_m2po.rollout.workflows.multi_turn.chat_turns import TurnAppender
+from areal_m2po.rollout.workflows.multi_turn.tool_env import Environment
 
 __all__ = ["EpisodeTokens", "Generated", "GenerateFn", "cut_at_stop", "run_episode"]
 

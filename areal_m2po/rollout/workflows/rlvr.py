@@ -21,15 +21,10 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.rewards import GroupScores
+from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 
-__all__ = ["RLVRWorkflow", "decode_completion"]
-
-
-def decode_completion(tokenizer: Any, output_ids: Sequence[int], eos_ids: Sequence[int]) -> str:
-    """The text of a completion: EOS tokens dropped, special tokens skipped."""
-    eos = set(eos_ids)
-    return tokenizer.decode([t for t in output_ids if t not in eos], skip_special_tokens=True)
+__all__ = ["RLVRWorkflow"]
 
 
 class RLVRWorkflow(RolloutWorkflow):

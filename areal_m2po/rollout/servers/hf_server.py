@@ -15,7 +15,7 @@ Endpoints (request/response shapes as in SGLang's ``http_server.py`` / ``io_stru
 - ``POST /pause_generation`` / ``POST /continue_generation``; ``GET /health``;
   ``GET /get_model_info``.
 
-Generation reuses :class:`~areal_m2po.engine.rollout.RolloutEngine`, so the sampled tokens and
+Generation reuses :class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`, so the sampled tokens and
 behaviour log-probs (``log softmax(logits / temperature)``) are computed exactly as in the
 in-process (sync) mode. Concurrent requests are queued and drained by one generation thread,
 which samples all requests with equal sampling parameters in one batched ``generate`` call.
@@ -37,8 +37,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.engine.rollout import RolloutEngine
-from areal_m2po.engine.weight_files import read_weights
+from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.servers.weight_files import read_weights
 
 logger = logging.getLogger("areal_m2po.rollout_server")
 
@@ -147,7 +147,7 @@ class GenerationWorker:
         seed: seeds torch's RNG once at start.
     """
 
-    def __init__(self, engine: RolloutEngine, max_batch: int = 256, seed: int = 0) -> None:
+    def __init__(self, engine: HFGenerator, max_batch: int = 256, seed: int = 0) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self._queue: queue.Queue[SamplingRequest] = queue.Queue()

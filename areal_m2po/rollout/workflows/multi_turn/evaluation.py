@@ -1,7 +1,7 @@
 """Greedy evaluation of multi-turn episodes: success rate, tool use and second turns.
 
 The trainer's in-training evaluation of ``rollout.workflow=multi_turn`` runs the same greedy
-episodes (:meth:`~areal_m2po.rollout.multi_turn.MultiTurnWorkflow.aevaluate`); this runs them
+episodes (:meth:`~areal_m2po.rollout.workflows.multi_turn.workflow.MultiTurnWorkflow.aevaluate`); this runs them
 on any engine and model outside a training run (``scripts/eval_multi_turn.py``), one episode
 per record, and reports what the tool-use demo measures.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from areal_m2po.api.engine_api import InferenceEngine
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
+from areal_m2po.rollout.workflows.multi_turn.workflow import MultiTurnWorkflow
 from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["EpisodeEval", "evaluate_multi_turn"]

@@ -4,7 +4,7 @@ Built in as ``rollout.workflow=multi_turn``; its settings come from ``rollout.wo
 
 - ``environment``: ``calculator`` (tool calls ``<calc>expr</calc>`` answered with the result)
   or ``retry`` (a verifier asking for another try after a wrong answer); see
-  :mod:`areal_m2po.rollout.tool_env`.
+  :mod:`areal_m2po.rollout.workflows.multi_turn.tool_env`.
 - ``max_turns``: policy turns per episode at most (>= 1).
 - ``turn_discount``: the episode's reward is ``reward * turn_discount ** (turns - 1)`` (AReaL's
   ``turn_discount``: 1 = no discount).
@@ -41,9 +41,14 @@ from areal_m2po.api.workflow_api import (
 )
 from areal_m2po.reward.math_reward import math_reward_fn
 from areal_m2po.reward.runner import load_reward_fn
-from areal_m2po.rollout.chat_turns import TurnAppender
-from areal_m2po.rollout.episode import EpisodeTokens, Generated, run_episode
-from areal_m2po.rollout.tool_env import ENVIRONMENTS, Grader, grader_from_fn, make_environment
+from areal_m2po.rollout.workflows.multi_turn.chat_turns import TurnAppender
+from areal_m2po.rollout.workflows.multi_turn.episode import EpisodeTokens, Generated, run_episode
+from areal_m2po.rollout.workflows.multi_turn.tool_env import (
+    ENVIRONMENTS,
+    Grader,
+    grader_from_fn,
+    make_environment,
+)
 from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["MultiTurnWorkflow"]

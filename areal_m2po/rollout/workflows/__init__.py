@@ -12,9 +12,9 @@ from areal_m2po.utils.imports import load_object
 __all__ = ["BUILTIN_WORKFLOWS", "build_workflow"]
 
 BUILTIN_WORKFLOWS = {
-    "rlvr": "areal_m2po.rollout.rlvr:RLVRWorkflow",
-    "multi_turn": "areal_m2po.rollout.multi_turn:MultiTurnWorkflow",
-    "agent": "areal_m2po.rollout.agent_workflow:AgentWorkflow",
+    "rlvr": "areal_m2po.rollout.workflows.rlvr:RLVRWorkflow",
+    "multi_turn": "areal_m2po.rollout.workflows.multi_turn.workflow:MultiTurnWorkflow",
+    "agent": "areal_m2po.rollout.workflows.agent.workflow:AgentWorkflow",
 }
 """Built-in workflow names and the classes they stand for."""
 

@@ -33,14 +33,14 @@ from fastapi.responses import JSONResponse
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
 from areal_m2po.api.workflow_api import Trajectory
-from areal_m2po.rollout.chat_turns import encode_text
-from areal_m2po.rollout.openai_request import (
+from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
     RequestError,
     normalise_assistant,
     parse_chat_request,
     parse_tool_calls,
 )
+from areal_m2po.rollout.token_text import encode_text
 
 __all__ = ["AgentProxy", "AgentSession", "CallRecord", "is_loopback"]
 

@@ -1,7 +1,7 @@
 """The rollout (behaviour-policy) engine: batched sampling with HF ``generate``.
 
 It holds its own copy of the policy weights, updated from the trainer with
-:meth:`RolloutEngine.update_weights`, and a version number: the behaviour log-probs and the
+:meth:`HFGenerator.update_weights`, and a version number: the behaviour log-probs and the
 per-token versions it returns therefore describe exactly the policy that produced each token,
 whatever the trainer has done since.
 """
@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.engine.prefill import generate_shared_prefill
-from areal_m2po.engine.sampled_logprobs import SampledLogprobRecorder
+from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
+from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
 
 logger = logging.getLogger("areal_m2po.rollout")
 
 
-class RolloutEngine:
+class HFGenerator:
     """Samples completions from a frozen copy of the policy.
 
     Args:
@@ -156,7 +156,7 @@ class RolloutEngine:
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
         log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
         sampled token recorded during generation (no second forward pass, one step's logits
-        alive at a time: :mod:`~areal_m2po.engine.sampled_logprobs`; 0 when greedy) and
+        alive at a time: :mod:`~areal_m2po.rollout.engines.sampled_logprobs`; 0 when greedy) and
         every generated token stamped with this engine's version. These are the log-probs of
         the sampled distribution only without ``top_p``/``top_k``/``min_new_tokens``; the
         config refuses those settings wherever training reads the behaviour log-probs. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.

@@ -1,13 +1,13 @@
 """The in-process inference engine: Hugging Face ``generate`` on a copy of the policy.
 
-:class:`HFInferenceEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine` over
-:class:`~areal_m2po.engine.rollout.RolloutEngine`. Requests that arrive together (the ``n``
+:class:`HFInProcessEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine` over
+:class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`. Requests that arrive together (the ``n``
 requests of every group of a batch, issued at once by the workflows) are sampled in **one**
 ``generate`` call: the engine waits until the event loop has gone one full turn without a new
 request, then groups the pending requests by sampling parameters and, within a group, runs of
 consecutive requests with the same context. With ``k`` the greatest common divisor of the run
 lengths, each run becomes ``length / k`` prompts sampled ``k`` times with one shared prefill
-(:mod:`areal_m2po.engine.prefill`), rows in request order. A batch of ``B`` groups of ``n``
+(:mod:`areal_m2po.rollout.engines.shared_prefill`), rows in request order. A batch of ``B`` groups of ``n``
 therefore makes the very call the trainer made before workflows existed (``B`` prompts, ``n``
 samples each), and with the same torch seed gives the same tokens.
 """
@@ -23,12 +23,12 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
-from areal_m2po.engine.rollout import RolloutEngine
-from areal_m2po.engine.weight_files import read_weights_of
-from areal_m2po.rollout.batching import Job, RequestBatcher
+from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher
+from areal_m2po.rollout.servers.weight_files import read_weights_of
 from areal_m2po.utils.data import Batch
 
-__all__ = ["HFInferenceEngine", "plan_calls"]
+__all__ = ["HFInProcessEngine", "plan_calls"]
 
 
 def plan_calls(contexts: list[list[int]]) -> tuple[list[list[int]], int]:
@@ -60,7 +60,7 @@ def _gconfig(s: SamplingParams, n: int) -> GenerationConfig:
     )
 
 
-class HFInferenceEngine(InferenceEngine):
+class HFInProcessEngine(InferenceEngine):
     """Generation in this process, on a frozen copy of the policy.
 
     Args:
@@ -75,7 +75,7 @@ class HFInferenceEngine(InferenceEngine):
     exact_logprobs = True
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
-        self.rollout = RolloutEngine(model, tokenizer, device)
+        self.generator = HFGenerator(model, tokenizer, device)
         self._model_lock = threading.Lock()
         self._batcher = RequestBatcher(self._generate_jobs, self._model_lock)
 
@@ -83,11 +83,11 @@ class HFInferenceEngine(InferenceEngine):
 
     @property
     def eos_ids(self) -> list[int]:
-        return self.rollout.eos_ids
+        return self.generator.eos_ids
 
     @property
     def pad_id(self) -> int:
-        return self.rollout.pad_id
+        return self.generator.pad_id
 
     # -- InferenceEngine ----------------------------------------------------------------------
 
@@ -107,13 +107,13 @@ class HFInferenceEngine(InferenceEngine):
                     prompts, k = contexts, 1
                 else:
                     prompts, k = plan_calls(contexts)
-                batch = self.rollout.generate(
+                batch = self.generator.generate(
                     prompts,
                     _gconfig(params, k),
                     greedy=params.greedy,
                     stop_token_ids=list(params.stop_token_ids),
                 )
-                version = self.rollout.version
+                version = self.generator.version
                 for row, i in enumerate(rows):
                     req, _, t0 = jobs[i]
                     answers[i] = self._response(req, batch, row, version, t0)
@@ -124,7 +124,7 @@ class HFInferenceEngine(InferenceEngine):
     ) -> ModelResponse:
         mask = batch["loss_mask"][row]
         out = [int(t) for t in batch["input_ids"][row][mask].tolist()]
-        stops = set(self.rollout.eos_ids) | set(req.sampling.stop_token_ids)
+        stops = set(self.generator.eos_ids) | set(req.sampling.stop_token_ids)
         if out and out[-1] in stops:
             finish = "stop"
         elif len(out) >= req.sampling.max_new_tokens:
@@ -140,7 +140,7 @@ class HFInferenceEngine(InferenceEngine):
         version: int,
     ) -> None:
         with self._model_lock:
-            self.rollout.update_weights(named_tensors, version)
+            self.generator.update_weights(named_tensors, version)
 
     def update_weights_from_disk(self, path: str, version: int) -> None:
         self.update_weights_from_tensors(read_weights_of(path, version), version)
@@ -152,20 +152,20 @@ class HFInferenceEngine(InferenceEngine):
         self._batcher.resume()
 
     def get_version(self) -> int:
-        return self.rollout.version
+        return self.generator.version
 
     def set_version(self, version: int) -> None:
-        self.rollout.version = int(version)
+        self.generator.version = int(version)
 
     # -- recover checkpoints ------------------------------------------------------------------
 
     def state_dict(
         self, policy: Iterable[tuple[str, torch.Tensor]], policy_version: int
     ) -> dict[str, Any]:
-        """See :meth:`RolloutEngine.state_dict`."""
-        return self.rollout.state_dict(policy, policy_version)
+        """See :meth:`HFGenerator.state_dict`."""
+        return self.generator.state_dict(policy, policy_version)
 
     def load_state_dict(self, state: Mapping[str, Any], policy: Any) -> None:
-        """See :meth:`RolloutEngine.load_state_dict`."""
+        """See :meth:`HFGenerator.load_state_dict`."""
         with self._model_lock:
-            self.rollout.load_state_dict(state, policy)
+            self.generator.load_state_dict(state, policy)
