@@ -111,17 +111,20 @@ class AsyncRolloutExecutor(RolloutExecutor):
         b = self.budget.groups_per_batch
         want = list(range(self._next_train, self._next_train + b))
         t0 = time.perf_counter()
-        with self._cond:
-            while self._error is None and not all(i in self._done for i in want):
-                self._cond.wait(timeout=0.2)
-                if self._error is None:
-                    try:
-                        self.engine.check_health()
-                    except BaseException as exc:
-                        self._error = exc
-            if self._error is not None:
-                raise self._error
-            done = [self._done.pop(i) for i in want]
+        while True:
+            with self._cond:
+                if self._error is None and not all(i in self._done for i in want):
+                    self._cond.wait(timeout=0.2)
+                if self._error is not None:
+                    raise self._error
+                if all(i in self._done for i in want):
+                    done = [self._done.pop(i) for i in want]
+                    break
+            # outside the condition the loop thread needs (the engine may probe its servers)
+            try:
+                self.engine.check_health()
+            except BaseException as exc:
+                self._fail(exc)
         self._next_train += b
         batch, info = self._build([g for g, _ in done], max(e for _, e in done), 0.0)
         info["timing/gen_s"] = time.perf_counter() - t0  # the trainer's wait

@@ -132,7 +132,7 @@ def cpu_launch_command(num_processes: int, port: int | None = None) -> list[str]
     with gloo (``--multi_gpu`` is what starts N processes even without GPUs; ``--cpu`` alone
     starts one), no mixed precision, no dynamo, on a free ``port`` (None: pick one). Append the
     script and its arguments."""
-    from areal_m2po.engine.server_launcher import free_port
+    from areal_m2po.utils.net import free_port
 
     return [
         sys.executable,

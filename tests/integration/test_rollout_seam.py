@@ -33,8 +33,8 @@ from areal_m2po.reward.runner import RewardRunner
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.batch_builder import groups_to_batch
 from areal_m2po.rollout.engines.hf import HFInProcessEngine, plan_calls
+from areal_m2po.rollout.engines.remote.errors import RolloutServerError, ServerError
 from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.remote_engine import RolloutServerError
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
@@ -464,7 +464,7 @@ class _DyingServer(ScriptOnlyEngine):
             await asyncio.Event().wait()
         for _ in range(1 + (self.delay if k else 0)):
             await asyncio.sleep(0)
-        raise RolloutServerError(f"rollout server 127.0.0.1:1: request {k} refused")
+        raise ServerError("127.0.0.1:1", f"request {k} refused")
 
 
 def test_a_dead_server_leaves_no_task_behind_in_sync_mode(tiny, caplog):

@@ -15,9 +15,8 @@ import argparse
 import logging
 import os
 import sys
-import threading
-import time
 
+from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
 
 __all__ = ["main", "parse_args"]
@@ -45,24 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _watch_parent(pid: int) -> None:
-    """Exit the whole process as soon as ``pid`` is no longer our parent."""
-
-    def run() -> None:
-        while os.getppid() == pid:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=run, name="parent-watchdog", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.parent_pid is not None:
         if os.getppid() != args.parent_pid:
             print(f"error: --parent-pid {args.parent_pid} is not our parent", file=sys.stderr)
             return 2
-        _watch_parent(args.parent_pid)
+        watch_parent(args.parent_pid, lambda: os._exit(0))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
 
     import torch

@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["WEIGHTS_FILE", "prune_weights", "read_weights", "read_weights_of", "write_weights"]
+__all__ = [
+    "WEIGHTS_FILE",
+    "check_weights_version",
+    "prune_weights",
+    "read_weights",
+    "read_weights_of",
+    "write_weights",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -70,26 +77,43 @@ def _unshared_cpu(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def read_weights(path: str) -> tuple[dict[str, torch.Tensor], int | None]:
-    """The tensors of a weights directory (or file) and the version stamped in it (or None)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
+def _weights_file(path: str) -> str:
     file = os.path.join(path, WEIGHTS_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"no {WEIGHTS_FILE} at {path}")
+    return file
+
+
+def _stamp(file: str) -> int | None:
+    from safetensors import safe_open
+
     with safe_open(file, framework="pt") as fh:
         meta = fh.metadata() or {}
     stamp = meta.get("weight_version")
-    return load_file(file), int(stamp) if stamp is not None and stamp.isdigit() else None
+    return int(stamp) if stamp is not None and stamp.isdigit() else None
+
+
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], int | None]:
+    """The tensors of a weights directory (or file) and the version stamped in it (or None)."""
+    from safetensors.torch import load_file
+
+    file = _weights_file(path)
+    return load_file(file), _stamp(file)
+
+
+def check_weights_version(path: str, version: int) -> None:
+    """Raise (without loading the tensors) when the weights at ``path`` are missing or stamped
+    with another version than ``version``."""
+    stamp = _stamp(_weights_file(path))
+    if stamp is not None and stamp != version:
+        raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
 
 
 def read_weights_of(path: str, version: int) -> dict[str, torch.Tensor]:
     """The tensors of :func:`read_weights`, which are to be ``version``: ValueError when the
     directory is stamped with another version."""
-    state, stamp = read_weights(path)
-    if stamp is not None and stamp != version:
-        raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
+    check_weights_version(path, version)
+    state, _ = read_weights(path)
     return state
 
 

@@ -37,6 +37,7 @@ from areal_m2po.rollout.engines.vllm.setup import (
     VLLMModelOptions,
     check_vllm_model,
     cuda_available,
+    eos_ids_of,
     import_vllm,
     vllm_env,
 )
@@ -48,7 +49,7 @@ from areal_m2po.rollout.engines.vllm.weights import (
 )
 from areal_m2po.rollout.servers.weight_files import read_weights_of
 
-__all__ = ["VLLMEngineOptions", "VLLMInProcessEngine", "eos_ids_of", "to_vllm_sampling"]
+__all__ = ["VLLMEngineOptions", "VLLMInProcessEngine", "to_vllm_sampling"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,22 +64,6 @@ class VLLMEngineOptions(VLLMModelOptions):
 
     enable_sleep_mode: bool = False
     max_num_seqs: int = 256
-
-
-def eos_ids_of(tokenizer: Any, model_path: str) -> list[int]:
-    """EOS ids of the tokenizer and of the model's ``generation_config.json``, in that order."""
-    import json
-
-    eos = tokenizer.eos_token_id
-    ids = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
-    path = os.path.join(model_path, "generation_config.json")
-    if os.path.isfile(path):
-        with open(path) as fh:
-            extra = json.load(fh).get("eos_token_id")
-        for e in extra if isinstance(extra, list) else [extra]:
-            if e is not None and int(e) not in ids:
-                ids.append(int(e))
-    return ids
 
 
 def to_vllm_sampling(vllm: Any, s: RequestSampling, eos_ids: list[int]) -> Any:

@@ -24,6 +24,7 @@ __all__ = [
     "VLLMUnavailableError",
     "check_vllm_model",
     "cuda_available",
+    "eos_ids_of",
     "import_vllm",
     "vllm_env",
 ]
@@ -71,6 +72,20 @@ def import_vllm(key: str = "rollout.backend") -> ModuleType:
             f"({type(exc).__name__}: {first}); install it with {INSTALL_HINT}"
         ) from None
     return vllm
+
+
+def eos_ids_of(tokenizer: Any, model_path: str) -> list[int]:
+    """EOS ids of the tokenizer and of the model's ``generation_config.json``, in that order."""
+    eos = tokenizer.eos_token_id
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    path = os.path.join(model_path, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as fh:
+            extra = json.load(fh).get("eos_token_id")
+        for e in extra if isinstance(extra, list) else [extra]:
+            if e is not None and int(e) not in ids:
+                ids.append(int(e))
+    return ids
 
 
 def cuda_available() -> bool:
