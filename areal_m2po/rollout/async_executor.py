@@ -205,7 +205,7 @@ class AsyncRolloutExecutor(RolloutExecutor):
 
     async def _run_group(self, index: int, record: dict[str, Any], epoch: int) -> None:
         try:
-            group = await self._episode(record)
+            group = await self._group(record)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

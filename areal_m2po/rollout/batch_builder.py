@@ -21,7 +21,7 @@ def check_groups(groups: Sequence[TrajectoryGroup], n_samples: int, workflow: st
     for g in groups:
         if not isinstance(g, TrajectoryGroup):
             raise TypeError(
-                f"rollout.workflow {workflow}: arun_episode returned {type(g).__name__}, "
+                f"rollout.workflow {workflow}: afinish_group returned {type(g).__name__}, "
                 "not a TrajectoryGroup or None"
             )
         if len(g) != n_samples:

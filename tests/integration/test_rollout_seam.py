@@ -28,13 +28,13 @@ from toy_rewards import digit_fraction
 from areal_m2po.api.cli_args import ConfigError, DatasetConfig, GenerationConfig, RewardModelConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
-from areal_m2po.api.workflow_api import WorkflowContext
+from areal_m2po.api.workflow_api import TrajectoryGroup, WorkflowContext
 from areal_m2po.reward.runner import RewardRunner
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
 from areal_m2po.rollout.batch_builder import groups_to_batch
 from areal_m2po.rollout.engines.hf import HFInProcessEngine, plan_calls
 from areal_m2po.rollout.engines.remote.errors import RolloutServerError, ServerError
-from areal_m2po.rollout.executor import RolloutSetup
+from areal_m2po.rollout.executor import RolloutSetup, arun_group
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
@@ -125,7 +125,7 @@ def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
     workflow = RLVRWorkflow(_context(tok, engine.eos_ids, _verifiable()))
 
     async def batch():
-        return await asyncio.gather(*(workflow.arun_episode(engine, dict(r)) for r in records))
+        return await asyncio.gather(*(arun_group(workflow, engine, dict(r), N) for r in records))
 
     torch.manual_seed(11)
     groups = asyncio.run(batch())
@@ -266,15 +266,31 @@ def test_workflow_config_errors_name_the_key(tiny):
         load_config(["rollout.workflow=nodots"])
     with pytest.raises(ConfigError, match="rollout.workflow_kwargs"):
         load_config(["rollout.workflow_kwargs=[1, 2]"])
-    assert build_workflow("rlvr", {"n_samples": 2}, ctx).n_samples == 2
+    # the executor owns the group's fan-out: no workflow takes a sample count
+    with pytest.raises(ConfigError, match=r"rollout.workflow_kwargs.*n_samples"):
+        build_workflow("rlvr", {"n_samples": 2}, ctx)
 
 
-def test_a_group_of_the_wrong_size_is_refused(tiny):
+class _Shrinking(RLVRWorkflow):
+    async def afinish_group(self, record, trajectories):
+        return await super().afinish_group(record, trajectories[:3])
+
+
+class _NotATrajectory(RLVRWorkflow):
+    async def arun_episode(self, engine, record):
+        return TrajectoryGroup([await super().arun_episode(engine, record)])
+
+
+def test_a_group_of_the_wrong_size_or_an_episode_of_the_wrong_type_is_refused(tiny):
     model, tok, records = tiny
     engine = HFInProcessEngine(model, tok, torch.device("cpu"))
     ctx = _context(tok, engine.eos_ids, _verifiable())
-    ex = _sync(engine, RLVRWorkflow(ctx, n_samples=3), ctx, records)
+    ex = _sync(engine, _Shrinking(ctx), ctx, records)
     with pytest.raises(ValueError, match=r"rollout.workflow rlvr: a group holds 3 .* is 4"):
+        ex.next_batch()
+    ex = _sync(engine, _NotATrajectory(ctx), ctx, records)
+    with pytest.raises(TypeError, match=r"rollout.workflow rlvr: arun_episode returned "
+                       "TrajectoryGroup, not a Trajectory or None"):  # fmt: skip
         ex.next_batch()
 
 

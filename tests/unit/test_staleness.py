@@ -190,17 +190,14 @@ class FakeServers:
 
 
 class _Sampler(RolloutWorkflow):
-    """n requests of the record's prompt, reward 0 (what the budget sees of RLVR)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
+    """One request of the record's prompt per episode, reward 0 (what the budget sees of
+    RLVR)."""
 
     async def arun_episode(self, engine, record):
         sampling = SamplingParams(max_new_tokens=3)
-        responses = await asyncio.gather(
-            *(engine.agenerate(ModelRequest(record["prompt_ids"], sampling)) for _ in range(self.n))
+        return Trajectory.from_response(
+            await engine.agenerate(ModelRequest(record["prompt_ids"], sampling))
         )
-        return TrajectoryGroup([Trajectory.from_response(r) for r in responses])
 
 
 class _Executor:
@@ -237,7 +234,7 @@ def _remote(fake, batch_groups, n, eta, max_conc, tmp_path, tolerate=False):
     )
     context = WorkflowContext(None, GenerationConfig(n_samples=n), SamplingParams(3), [0], None)
     executor = AsyncRolloutExecutor(
-        RolloutSetup(engine, _Sampler(n), context, pad_id=0),
+        RolloutSetup(engine, _Sampler(), context, pad_id=0),
         budget=StalenessBudget(batch_groups, n, eta, max_conc),
         prompt_source=lambda: (records, 0),
     )

@@ -354,7 +354,8 @@ class AgentProxy:
     async def _complete(self, session: AgentSession, request: ChatRequest) -> dict[str, Any]:
         sampling = self._sampling(session, request)
         prompt_ids, parent = self.builder.build(request, session.calls)
-        model_request = ModelRequest(input_ids=prompt_ids, sampling=sampling)
+        # every call of a session under its id: a remote engine keeps the session on one server
+        model_request = ModelRequest(prompt_ids, sampling, rid=session.session_id)
         future = asyncio.run_coroutine_threadsafe(
             session.engine.agenerate(model_request), session.loop
         )

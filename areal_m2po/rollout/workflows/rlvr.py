@@ -1,9 +1,10 @@
 """The built-in single-turn workflow (``rollout.workflow=rlvr``): sample, decode, score.
 
-For one record it issues ``gconfig.n_samples`` requests for the prompt at once, decodes each
-completion (EOS and special tokens stripped), scores them with every reward source the config
-names (:class:`~areal_m2po.rollout.rewards.RewardSources`: the verifiable function with the
-record's other columns, the learned reward model, both weighted) and returns the group.
+Each episode samples one completion of the prompt (the executor runs ``gconfig.n_samples`` of
+them at once); the group's completions are then decoded (EOS and special tokens stripped) and
+scored together with every reward source the config names
+(:class:`~areal_m2po.rollout.rewards.RewardSources`: the verifiable function with the record's
+other columns, the learned reward model, both weighted).
 Subclass it and override :meth:`RLVRWorkflow.score` or :meth:`RLVRWorkflow.accept` for a
 custom reward or filter (``examples/custom_workflow.py``).
 """
@@ -22,33 +23,39 @@ from areal_m2po.api.workflow_api import (
 )
 from areal_m2po.rollout.rewards import GroupScores
 from areal_m2po.rollout.token_text import decode_completion
-from areal_m2po.utils.aio import gather_or_cancel
 
-__all__ = ["RLVRWorkflow"]
+__all__ = ["RESPONSE", "RLVRWorkflow"]
+
+RESPONSE = "rlvr/response"
+"""``Trajectory.info`` key of an episode's :class:`ModelResponse` until its group is scored."""
 
 
 class RLVRWorkflow(RolloutWorkflow):
-    """``n_samples`` completions of one prompt, scored by the config's reward sources.
+    """One completion of the prompt per episode; the group scored together by the config's
+    reward sources.
 
     Args:
         context: what the trainer provides (tokenizer, sampling, reward sources).
-        n_samples: completions per prompt (default ``gconfig.n_samples``).
     """
 
-    def __init__(self, context: WorkflowContext, n_samples: int | None = None) -> None:
+    def __init__(self, context: WorkflowContext) -> None:
         self.context = context
-        self.n_samples = int(n_samples or context.gconfig.n_samples)
 
-    async def arun_episode(
-        self, engine: InferenceEngine, record: dict[str, Any]
+    async def arun_episode(self, engine: InferenceEngine, record: dict[str, Any]) -> Trajectory:
+        """One sampled completion of the prompt (reward 0 until :meth:`afinish_group` scores
+        it; its response is kept in ``info[RESPONSE]`` until then)."""
+        request = ModelRequest(input_ids=list(record["prompt_ids"]), sampling=self.context.sampling)
+        response = await engine.agenerate(request)
+        trajectory = Trajectory.from_response(response)
+        trajectory.info[RESPONSE] = response
+        return trajectory
+
+    async def afinish_group(
+        self, record: dict[str, Any], trajectories: list[Trajectory]
     ) -> TrajectoryGroup | None:
-        req = ModelRequest(input_ids=list(record["prompt_ids"]), sampling=self.context.sampling)
-        responses = await gather_or_cancel(
-            *(
-                engine.agenerate(ModelRequest(req.input_ids, req.sampling))
-                for _ in range(self.n_samples)
-            )
-        )
+        """Decode and score the group's completions in one :meth:`score` call; keep it if
+        :meth:`accept` says so."""
+        responses = [t.info.pop(RESPONSE) for t in trajectories]
         texts = [self.decode(r) for r in responses]
         scores = await self.score(record, responses, texts)
         group = TrajectoryGroup(

@@ -11,8 +11,9 @@ Built in as ``rollout.workflow=agent``, with ``rollout.workflow_kwargs``:
 - ``max_tokens_limit``: largest ``max_tokens`` a request may ask for (null:
   ``gconfig.max_new_tokens``, also the default when a request gives none).
 
-Each of the ``gconfig.n_samples`` episodes of a record is one session of the endpoint and
-yields one trajectory: the chain of calls ending at its last call, merged (each call's prompt
+Each episode of a record (the executor runs ``gconfig.n_samples`` of them at once) is one
+session of the endpoint, whose calls reach the engine under the session's request id (one
+server of a remote engine), and yields one trajectory: the chain of calls ending at its last call, merged (each call's prompt
 extends the previous call's tokens when the agent sends back the conversation with the reply
 it got, so the tokens are exactly those the engine saw). Calls off that chain (an agent that
 restarted a conversation, or ran several in parallel) are not trained on; the group's stats
@@ -36,7 +37,6 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.openai.endpoint import AgentProxy, AgentSession
-from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.imports import load_object
 
 __all__ = ["AgentFn", "AgentWorkflow"]
@@ -122,32 +122,29 @@ class AgentWorkflow(RolloutWorkflow):
             "calls_mean": float(len(session.calls)),
         }
 
-    async def _episode(
-        self, engine: InferenceEngine, record: dict[str, Any]
-    ) -> tuple[Trajectory | None, int]:
-        session, reward = await self._run_agent(engine, record, self.context.sampling)
-        if not session.calls:
-            return None, 0
-        if any(call.finish_reason == "abort" for call in session.calls):
-            return None, 0
-        trajectory = session.trajectory(float(reward))
-        return trajectory, len(session.calls) - len(session.chain())
-
     async def arun_episode(
         self, engine: InferenceEngine, record: dict[str, Any]
-    ) -> TrajectoryGroup | None:
-        """``gconfig.n_samples`` agent episodes of ``record``; None (the group dropped) when
-        an episode made no call or the engine aborted one."""
-        n = self.context.gconfig.n_samples
-        results = await gather_or_cancel(*(self._episode(engine, record) for _ in range(n)))
-        if any(trajectory is None for trajectory, _ in results):
+    ) -> Trajectory | None:
+        """One agent session on ``record``: the trajectory of its last call's chain; None (the
+        group dropped) when the agent made no call or the engine aborted one."""
+        session, reward = await self._run_agent(engine, record, self.context.sampling)
+        if not session.calls:
             logger.warning("agent %s made no call in an episode; group dropped", self.agent_name)
             return None
-        trajectories = [t for t, _ in results if t is not None]
+        if any(call.finish_reason == "abort" for call in session.calls):
+            return None
+        trajectory = session.trajectory(float(reward))
+        trajectory.info["untrained_calls"] = len(session.calls) - len(session.chain())
+        return trajectory
+
+    async def afinish_group(
+        self, record: dict[str, Any], trajectories: list[Trajectory]
+    ) -> TrajectoryGroup:
+        """The group, with the counts of its episodes' calls."""
         stats = {
-            "agent/episodes": float(n),
+            "agent/episodes": float(len(trajectories)),
             "agent/calls": float(sum(t.info["calls"] for t in trajectories)),
-            "agent/untrained_calls": float(sum(untrained for _, untrained in results)),
+            "agent/untrained_calls": float(sum(t.info["untrained_calls"] for t in trajectories)),
         }
         return TrajectoryGroup(trajectories, stats)
 

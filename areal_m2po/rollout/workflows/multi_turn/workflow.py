@@ -21,7 +21,9 @@ Built in as ``rollout.workflow=multi_turn``; its settings come from ``rollout.wo
 
 Every episode is one trajectory: the exact token sequence the engine saw, with the policy's
 tokens in the loss mask (each with its behaviour log-prob and version) and the environment's
-tokens out of it. The ``gconfig.n_samples`` episodes of a record form its group.
+tokens out of it; its turns go to the engine under one request id (one server of a remote
+engine, whose prefix cache holds the episode). The ``gconfig.n_samples`` episodes of a record,
+which the executor runs at once, form its group.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +52,6 @@ from areal_m2po.rollout.workflows.multi_turn.tool_env import (
     grader_from_fn,
     make_environment,
 )
-from areal_m2po.utils.aio import gather_or_cancel
 
 __all__ = ["MultiTurnWorkflow"]
 
@@ -125,6 +127,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         ids: list[int],
         budget: int,
         stop: Sequence[str],
+        rid: str,
     ) -> Generated:
         sampling = dataclasses.replace(
             base,
@@ -132,7 +135,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             min_new_tokens=min(base.min_new_tokens, budget),
             stop=tuple(dict.fromkeys((*base.stop, *stop))),
         )
-        out = await engine.agenerate(ModelRequest(input_ids=ids, sampling=sampling))
+        out = await engine.agenerate(ModelRequest(input_ids=ids, sampling=sampling, rid=rid))
         return Generated(
             list(out.output_ids),
             list(out.output_logprobs),
@@ -156,9 +159,10 @@ class MultiTurnWorkflow(RolloutWorkflow):
     ) -> tuple[EpisodeTokens, float, str]:
         env = make_environment(self.environment, record, self._grader(record))
         finish: list[str] = []
+        rid = uuid.uuid4().hex  # every turn of the episode: one request id, one server
 
         async def generate(ids: list[int], budget: int, stop: Sequence[str]) -> Generated:
-            out = await self._generate(engine, sampling, ids, budget, stop)
+            out = await self._generate(engine, sampling, ids, budget, stop, rid)
             finish.append(out.finish_reason)
             return out
 
@@ -222,19 +226,20 @@ class MultiTurnWorkflow(RolloutWorkflow):
 
     async def arun_episode(
         self, engine: InferenceEngine, record: dict[str, Any]
-    ) -> TrajectoryGroup | None:
-        """``gconfig.n_samples`` episodes of ``record``; None when the engine aborted one."""
+    ) -> Trajectory | None:
+        """One episode of ``record``; None (the group dropped) when the engine aborted it."""
         prompt_len = self._check_room(record)
-        n = self.context.gconfig.n_samples
-        sampling = self.context.sampling
-        results = await gather_or_cancel(
-            *(self._episode(engine, record, sampling) for _ in range(n))
-        )
-        if any(finish == "abort" for _, _, finish in results):
+        episode, reward, finish = await self._episode(engine, record, self.context.sampling)
+        if finish == "abort":
             return None
-        trajectories = [self._trajectory(prompt_len, *result) for result in results]
+        return self._trajectory(prompt_len, episode, reward, finish)
+
+    async def afinish_group(
+        self, record: dict[str, Any], trajectories: list[Trajectory]
+    ) -> TrajectoryGroup:
+        """The group, with the counts of its episodes' turns, tool calls and successes."""
         stats = {
-            "multi_turn/episodes": float(n),
+            "multi_turn/episodes": float(len(trajectories)),
             "multi_turn/turns": float(sum(t.info["turns"] for t in trajectories)),
             "multi_turn/tool_calls": float(sum(t.info["tool_calls"] for t in trajectories)),
             "multi_turn/tool_episodes": float(sum(t.info["tool_calls"] > 0 for t in trajectories)),
