@@ -1,13 +1,13 @@
 """The in-process inference engine: Hugging Face ``generate`` on a copy of the policy.
 
 :class:`HFInProcessEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine` over
-:class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`. Requests that arrive together (the ``n``
-requests of every group of a batch, issued at once by the workflows) are sampled in **one**
+:class:`~.hf_generator.HFGenerator`. Requests that arrive together (the ``n`` requests of every
+group of a batch, issued at once by the executor's episodes) are sampled in **one**
 ``generate`` call: the engine waits until the event loop has gone one full turn without a new
 request, then groups the pending requests by sampling parameters and, within a group, runs of
 consecutive requests with the same context. With ``k`` the greatest common divisor of the run
 lengths, each run becomes ``length / k`` prompts sampled ``k`` times with one shared prefill
-(:mod:`areal_m2po.rollout.engines.shared_prefill`), rows in request order. A batch of ``B`` groups of ``n``
+(:mod:`.shared_prefill`), rows in request order. A batch of ``B`` groups of ``n``
 therefore makes the very call the trainer made before workflows existed (``B`` prompts, ``n``
 samples each), and with the same torch seed gives the same tokens.
 """

@@ -147,19 +147,19 @@ class HFGenerator:
         stop_token_ids: list[int] | None = None,
         stopping_criteria: Any = None,
     ) -> Batch:
-        """Sample ``gconfig.n_samples`` completions per prompt (1 when greedy).
+        """Sample ``gconfig.n_samples`` completions per prompt (1 when greedy): rows
+        ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
 
         ``stop_token_ids`` end a sample like EOS (kept, in the loss mask); ``stopping_criteria``
-        (a ``transformers.StoppingCriteriaList``) may end the whole call early, e.g. when a
-        rollout server is paused for a weight update: unfinished rows then simply stop.
+        (a ``transformers.StoppingCriteriaList``) may end the whole call early (a server paused
+        for a weight update): unfinished rows then simply stop.
 
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
         log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
         sampled token recorded during generation (no second forward pass, one step's logits
-        alive at a time: :mod:`~areal_m2po.rollout.engines.sampled_logprobs`; 0 when greedy) and
-        every generated token stamped with this engine's version. These are the log-probs of
-        the sampled distribution only without ``top_p``/``top_k``/``min_new_tokens``; the
-        config refuses those settings wherever training reads the behaviour log-probs. Rows ``i * n .. i * n + n - 1`` are the samples of prompt ``i``.
+        alive at a time: :mod:`.sampled_logprobs`; 0 when greedy) and every generated token
+        stamped with this engine's version: the sampled distribution's log-probs only without
+        ``top_p``/``top_k``/``min_new_tokens`` (refused wherever training reads them).
         """
         if not prompts:
             raise ValueError("generate() got no prompts")

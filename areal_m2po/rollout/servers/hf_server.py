@@ -15,10 +15,11 @@ Endpoints (request/response shapes as in SGLang's ``http_server.py`` / ``io_stru
 - ``POST /pause_generation`` / ``POST /continue_generation``; ``GET /health``;
   ``GET /get_model_info``.
 
-Generation reuses :class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`, so the sampled tokens and
-behaviour log-probs (``log softmax(logits / temperature)``) are computed exactly as in the
-in-process (sync) mode. Concurrent requests are queued and drained by one generation thread,
-which samples all requests with equal sampling parameters in one batched ``generate`` call.
+Generation reuses :class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`, so the
+sampled tokens and behaviour log-probs (``log softmax(logits / temperature)``) are computed
+exactly as in the in-process (sync) mode. Concurrent requests are queued and drained by one
+generation thread, which samples all requests with equal sampling parameters in one batched
+``generate`` call.
 """
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ class RemoteEngineOptions:
 
 
 class ServerPool(Protocol):
-    """Server processes started for this run (:class:`~areal_m2po.rollout.servers.processes.
-    ServerProcesses`)."""
+    """Server processes started for this run, as the engine uses them
+    (:class:`areal_m2po.rollout.servers.processes.ServerProcesses`)."""
 
     addrs: list[str]
 
@@ -152,12 +152,13 @@ class RemoteInferenceEngine(InferenceEngine):
         labels them with the version; every rank then starts its health monitor."""
         if self._initialized:
             return
-        ready = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run_loop, args=(ready,), name="remote-engine", daemon=True
-        )
-        self._thread.start()
-        ready.wait()
+        if self._thread is None:  # (a retry after a failed start reuses the loop)
+            ready = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run_loop, args=(ready,), name="remote-engine", daemon=True
+            )
+            self._thread.start()
+            ready.wait()
         self._drive(lambda: self._call(self._setup()))
         if self.world > 1:
             self._addrs = list(dist.broadcast_object(self._addrs))

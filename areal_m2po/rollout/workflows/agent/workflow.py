@@ -13,11 +13,11 @@ Built in as ``rollout.workflow=agent``, with ``rollout.workflow_kwargs``:
 
 Each episode of a record (the executor runs ``gconfig.n_samples`` of them at once) is one
 session of the endpoint, whose calls reach the engine under the session's request id (one
-server of a remote engine), and yields one trajectory: the chain of calls ending at its last call, merged (each call's prompt
-extends the previous call's tokens when the agent sends back the conversation with the reply
-it got, so the tokens are exactly those the engine saw). Calls off that chain (an agent that
-restarted a conversation, or ran several in parallel) are not trained on; the group's stats
-count them (``agent/untrained_calls``).
+server of a remote engine), and yields one trajectory: the chain of calls ending at its last
+call, merged (each call's prompt extends the previous call's tokens when the agent sends back
+the conversation with the reply it got, so the tokens are exactly those the engine saw). Calls
+off that chain (an agent that restarted a conversation, or ran several in parallel) are not
+trained on; the group's stats count them (``agent/untrained_calls``).
 """
 
 from __future__ import annotations

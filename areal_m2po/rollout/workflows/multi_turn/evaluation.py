@@ -1,9 +1,9 @@
 """Greedy evaluation of multi-turn episodes: success rate, tool use and second turns.
 
 The trainer's in-training evaluation of ``rollout.workflow=multi_turn`` runs the same greedy
-episodes (:meth:`~areal_m2po.rollout.workflows.multi_turn.workflow.MultiTurnWorkflow.aevaluate`); this runs them
-on any engine and model outside a training run (``scripts/eval_multi_turn.py``), one episode
-per record, and reports what the tool-use demo measures.
+episodes (:meth:`.workflow.MultiTurnWorkflow.aevaluate`); this runs them on any engine and
+model outside a training run (``scripts/eval_multi_turn.py``), one episode per record, and
+reports what the tool-use demo measures.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ tool call gets an error message as its answer, so a model can learn from it and 
 never sees an exception from model output.
 
 - ``calculator``: a turn containing ``<calc>expression</calc>`` is a tool call, answered with
-  ``<result>value</result>`` (or ``<error>why</error>``, see :mod:`~areal_m2po.rollout.workflows.multi_turn.calculator`);
-  a turn without one is the final answer, graded by the reward function. A policy turn is cut
-  at its first ``</calc>`` (:attr:`Environment.stop`), so the model cannot invent the result.
+  ``<result>value</result>`` (or ``<error>why</error>``, see :mod:`.calculator`); a turn
+  without one is the final answer, graded by the reward function. A policy turn is cut at its
+  first ``</calc>`` (:attr:`Environment.stop`), so the model cannot invent the result.
 - ``retry``: every turn is an answer; a correct one ends the episode with reward 1, a wrong one
   is answered with "wrong, try again" until the last turn.
 """
