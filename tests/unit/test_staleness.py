@@ -1,4 +1,4 @@
-"""AReaL's capacity rule (utils/staleness.py) and the async executor that applies it.
+"""AReaL's capacity rule (rollout/staleness.py) and the async executor that applies it.
 
 The property test drives the real :class:`AsyncRolloutExecutor` and
 :class:`RemoteSGLangEngine` (the HTTP client replaced by fake servers) with

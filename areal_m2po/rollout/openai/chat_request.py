@@ -1,7 +1,7 @@
 """The chat-completions request fields the agent endpoint honours, checks and refuses.
 
 :func:`parse_chat_request` turns the JSON body the ``openai`` client sends to
-``POST /v1/chat/completions`` into a :class:`ChatRequest`, or raises :class:`RequestError`
+``POST /v1/chat/completions`` into a :class:`ChatRequest`, or raises :class:`ChatRequestError`
 (answered with HTTP 400 and the message in OpenAI's error shape). Nothing is silently ignored:
 a field is used, checked against the trainer's settings, or refused.
 
@@ -21,7 +21,7 @@ __all__ = [
     "ACCEPTED_FIELDS",
     "REFUSED_FIELDS",
     "ChatRequest",
-    "RequestError",
+    "ChatRequestError",
     "normalise_assistant",
     "parse_chat_request",
     "parse_tool_calls",
@@ -70,7 +70,7 @@ MAX_STOP_STRINGS = 4
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
-class RequestError(ValueError):
+class ChatRequestError(ValueError):
     """A request the endpoint refuses; ``param`` names the field (HTTP 400)."""
 
     def __init__(self, param: str | None, message: str) -> None:
@@ -114,22 +114,22 @@ def _text(content: Any, where: str) -> str:
         for i, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") == "text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(
+                raise ChatRequestError(
                     f"{where}.content[{i}]", f"only text parts are supported, got {kind!r}"
                 )
             parts.append(str(part.get("text", "")))
         return "".join(parts)
-    raise RequestError(f"{where}.content", "must be a string or a list of text parts")
+    raise ChatRequestError(f"{where}.content", "must be a string or a list of text parts")
 
 
 def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
-        raise RequestError(f"{where}.tool_calls", "must be a list")
+        raise ChatRequestError(f"{where}.tool_calls", "must be a list")
     calls = []
     for i, call in enumerate(raw):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RequestError(f"{where}.tool_calls[{i}]", "needs function.name")
+            raise ChatRequestError(f"{where}.tool_calls[{i}]", "needs function.name")
         arguments = fn.get("arguments", "{}")
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
@@ -146,16 +146,16 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
 def _message(raw: Any, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
-        raise RequestError(where, f"must be an object, got {type(raw).__name__}")
+        raise ChatRequestError(where, f"must be an object, got {type(raw).__name__}")
     role = raw.get("role")
     if role not in ROLES:
-        raise RequestError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        raise ChatRequestError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
     message: dict[str, Any] = {"role": role, "content": _text(raw.get("content"), where)}
     if role == "assistant" and raw.get("tool_calls"):
         message["tool_calls"] = _tool_calls(raw["tool_calls"], where)
     if role == "tool":
         if not isinstance(raw.get("tool_call_id", ""), str):
-            raise RequestError(f"{where}.tool_call_id", "must be a string")
+            raise ChatRequestError(f"{where}.tool_call_id", "must be a string")
         message["tool_call_id"] = raw.get("tool_call_id", "")
     if isinstance(raw.get("name"), str):
         message["name"] = raw["name"]
@@ -176,7 +176,7 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise RequestError(key, f"must be a number in [{low}, {high}], got {value!r}")
+        raise ChatRequestError(key, f"must be a number in [{low}, {high}], got {value!r}")
     return float(value)
 
 
@@ -186,9 +186,9 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     }
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise RequestError(key, f"must be an integer >= 1, got {value!r}")
+            raise ChatRequestError(key, f"must be an integer >= 1, got {value!r}")
     if len(set(values.values())) > 1:
-        raise RequestError("max_tokens", "differs from max_completion_tokens; send one")
+        raise ChatRequestError("max_tokens", "differs from max_completion_tokens; send one")
     return next(iter(values.values()), None)
 
 
@@ -197,9 +197,9 @@ def _stop(raw: Any) -> tuple[str, ...]:
         return ()
     stops = [raw] if isinstance(raw, str) else raw
     if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
-        raise RequestError("stop", "must be a non-empty string or a list of them")
+        raise ChatRequestError("stop", "must be a non-empty string or a list of them")
     if len(stops) > MAX_STOP_STRINGS:
-        raise RequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+        raise ChatRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
     return tuple(stops)
 
 
@@ -209,27 +209,27 @@ def _check_flags(body: dict[str, Any]) -> None:
         why = (
             "is not supported by this endpoint" if key in REFUSED_FIELDS else "is not a known field"
         )
-        raise RequestError(key, why)
+        raise ChatRequestError(key, why)
     if body.get("stream"):
-        raise RequestError("stream", "streaming is not supported; send stream=false")
+        raise ChatRequestError("stream", "streaming is not supported; send stream=false")
     if body.get("n", 1) != 1:
-        raise RequestError(
+        raise ChatRequestError(
             "n", f"only n=1 is supported (send one request per sample), got {body['n']!r}"
         )
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0):
-            raise RequestError(
+            raise ChatRequestError(
                 key, "only 0 is supported (a penalty changes the sampled distribution)"
             )
     if body.get("top_logprobs") not in (None, 0):
-        raise RequestError(
+        raise ChatRequestError(
             "top_logprobs", "only 0 is supported (the sampled token's log-prob is returned)"
         )
     if not isinstance(body.get("logprobs", False), (bool, type(None))):
-        raise RequestError("logprobs", "must be true or false")
+        raise ChatRequestError("logprobs", "must be true or false")
     for key in ("model", "user"):
         if body.get(key) is not None and not isinstance(body[key], str):
-            raise RequestError(key, "must be a string")
+            raise ChatRequestError(key, "must be a string")
 
 
 def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
@@ -238,12 +238,12 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
         isinstance(tools, list)
         and all(isinstance(t, dict) and t.get("type") == "function" for t in tools)
     ):
-        raise RequestError("tools", 'must be a list of {"type": "function", "function": {...}}')
+        raise ChatRequestError("tools", 'must be a list of {"type": "function", "function": {...}}')
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
-        raise RequestError("tool_choice", "only 'auto' and 'none' are supported")
+        raise ChatRequestError("tool_choice", "only 'auto' and 'none' are supported")
     if body.get("parallel_tool_calls") not in (None, True, False):
-        raise RequestError("parallel_tool_calls", "must be true or false")
+        raise ChatRequestError("parallel_tool_calls", "must be true or false")
     return tools or None, choice or "auto"
 
 
@@ -251,16 +251,16 @@ def parse_chat_request(body: Any) -> ChatRequest:
     """Check a chat-completions body (see the module doc and docs/agents.md for the fields).
 
     Raises:
-        RequestError: naming the field that is missing, malformed or unsupported.
+        ChatRequestError: naming the field that is missing, malformed or unsupported.
     """
     if not isinstance(body, dict):
-        raise RequestError(
+        raise ChatRequestError(
             None, f"the request body must be a JSON object, got {type(body).__name__}"
         )
     _check_flags(body)
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
-        raise RequestError("messages", "must be a non-empty list of messages")
+        raise ChatRequestError("messages", "must be a non-empty list of messages")
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
     tools, tool_choice = _tools(body)
     return ChatRequest(

@@ -35,7 +35,7 @@ from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingPar
 from areal_m2po.api.workflow_api import Trajectory
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
-    RequestError,
+    ChatRequestError,
     normalise_assistant,
     parse_chat_request,
     parse_tool_calls,
@@ -173,7 +173,7 @@ class _PromptBuilder:
                 rendered, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
             )
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise RequestError(
+            raise ChatRequestError(
                 "messages", f"the chat template cannot render them ({exc})"
             ) from None
 
@@ -330,18 +330,18 @@ class AgentProxy:
 
     def _sampling(self, session: AgentSession, request: ChatRequest) -> SamplingParams:
         if request.temperature is not None and request.temperature != session.train_temperature:
-            raise RequestError(
+            raise ChatRequestError(
                 "temperature",
                 f"the trainer samples at gconfig.temperature={session.train_temperature}; "
                 "omit it or send that value",
             )
         if request.top_p is not None and request.top_p != session.train_top_p:
-            raise RequestError(
+            raise ChatRequestError(
                 "top_p", f"the trainer samples at gconfig.top_p={session.train_top_p}; omit it"
             )
         limit = session.max_new_tokens_limit
         if request.max_new_tokens is not None and request.max_new_tokens > limit:
-            raise RequestError("max_tokens", f"at most {limit} (gconfig.max_new_tokens)")
+            raise ChatRequestError("max_tokens", f"at most {limit} (gconfig.max_new_tokens)")
         budget = request.max_new_tokens or limit
         base = session.sampling
         return replace(
@@ -440,7 +440,7 @@ class AgentProxy:
                 return _error(400, f"the request body is not JSON ({exc})")
             try:
                 return await self._complete(session, parse_chat_request(body))
-            except RequestError as exc:
+            except ChatRequestError as exc:
                 return _error(400, str(exc), exc.param)
             except ValueError as exc:  # e.g. the engine refusing the sampling parameters
                 return _error(400, str(exc))
