@@ -104,8 +104,8 @@ def collect_pairs(args: argparse.Namespace, out_dir: str, label: Callable[..., f
     from areal_m2po.api.cli_args import GenerationConfig
     from areal_m2po.dataset import build_prompts, load_records
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
     from areal_m2po.engine.train_engine import load_causal_lm
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
 
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.policy))
@@ -115,7 +115,7 @@ def collect_pairs(args: argparse.Namespace, out_dir: str, label: Callable[..., f
     records = load_records("builtin:arithmetic", "train", max_samples=args.pair_prompts, seed=1000)
     prompts, _ = build_prompts(records, tokenizer, 256, use_chat_template=True)
     model = load_causal_lm(args.policy, "float32", "sdpa")
-    engine = RolloutEngine(model, tokenizer, torch.device("cpu"))
+    engine = HFGenerator(model, tokenizer, torch.device("cpu"))
     sampled = GenerationConfig(
         n_samples=args.samples, max_new_tokens=args.max_new_tokens, temperature=args.temperature
     )

@@ -15,13 +15,13 @@ def tiny():
     from transformers import AutoTokenizer
 
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
     from areal_m2po.engine.train_engine import HFTrainEngine
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
 
     acc = Accelerator(cpu=True)
     engine = HFTrainEngine(ActorConfig(path="builtin:tiny"), acc, total_steps=10)
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny"))
-    rollout = RolloutEngine(engine.unwrapped, tok, acc.device)
+    rollout = HFGenerator(engine.unwrapped, tok, acc.device)
     return engine, rollout, tok
 
 
