@@ -17,6 +17,7 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.kl`: the k1/k2/k3 KL estimators;
 * :mod:`~areal_m2po.algo.logp_mismatch`: the training-inference mismatch figures;
 * :mod:`~areal_m2po.algo.bradley_terry`: the reward model's pairwise loss;
+* :mod:`~areal_m2po.algo.dpo`: the DPO / IPO preference loss and its pair log-ratios;
 * :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
   argument checks the modules above share;
 * :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one
