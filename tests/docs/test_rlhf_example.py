@@ -46,7 +46,14 @@ def test_reward_gap_by_hand(ex):
     assert (gap["corr_first"], gap["corr_last"]) == (0.5, 0.1)
 
 
-def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """The output directory the tiny runs below share (a rerun reuses finished stages)."""
+    return tmp_path_factory.mktemp("rlhf_tiny")
+
+
+def test_tiny_run_goes_through_all_three_stages(ex, tiny_dir, capsys):
+    tmp_path = tiny_dir
     summary = ex["main"](["--tiny", "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "[0/3] SFT" in out
@@ -70,3 +77,25 @@ def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
     assert cfg["reward"]["model"]["verifiable_weight"] == 0.0
     assert cfg["actor"]["path"] == sft["path"]  # PPO starts from (and stays near) the SFT model
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_tiny_dpo_arm_on_the_same_pairs(ex, tiny_dir, capsys):
+    """--dpo on a finished run: the earlier stages are read back, not run again; DPO trains the
+    SFT model on the reward model's pairs and is measured by the PPO run's own evaluation (the
+    SFT model reads as PPO's step 0)."""
+    plot = tiny_dir / "comparison.png"
+    summary = ex["main"](["--tiny", "--output-dir", str(tiny_dir), "--dpo", "--plot", str(plot)])
+    out = capsys.readouterr().out
+    dpo, sft, ppo = summary["dpo"], summary["sft"], summary["ppo"]
+    cfg = yaml.safe_load((tiny_dir / "dpo" / "config.yaml").read_text())
+    assert cfg["model"]["path"] == sft["path"]  # DPO starts from the SFT model ...
+    assert cfg["train_dataset"]["path"] == str(tiny_dir / "pairs" / "train.jsonl")  # ... RM's pairs
+    assert cfg["valid_dataset"]["path"] == str(tiny_dir / "pairs" / "valid.jsonl")
+    assert dpo["eval_pairs"] == summary["pairs"]["valid_pairs"]
+    held = dpo["held_out_pairs"]
+    assert held[0]["step"] == 0 and held[0]["eval/accuracy"] == 0.0  # pi = pi_ref: all ties
+    assert [s for s, _ in dpo["true_accuracy"]] == [0, dpo["half"], dpo["steps"]]
+    assert dpo["true_accuracy"][0][1] == ppo["true_accuracy"][0][1]  # one measurement
+    assert (Path(dpo["path"]) / "model.safetensors").is_file()
+    assert "[DPO] SFT -> DPO on the same pairs" in out and plot.is_file()
+    assert "sft: finished in an earlier run" in out and "ppo: finished in an earlier run" in out

@@ -379,3 +379,12 @@ def test_cli_trains_and_saves(tmp_path, data):
     assert status == 0
     assert [m["step"] for m in read_metrics(out)] == [0, 1, 2]
     assert (out / "checkpoints" / "final" / "model.safetensors").is_file()
+
+
+def test_shipped_dpo_config_loads():
+    from areal_m2po.api.config_loader import load_config
+
+    cfg = load_config(["--config", str(REPO / "configs" / "rlhf" / "dpo.yaml")], DPOConfig)
+    assert (cfg.beta, cfg.loss_type, cfg.label_smoothing) == (0.1, "sigmoid", 0.0)
+    assert cfg.valid_dataset is not None and cfg.recover.mode == "auto"
+    assert cfg.output_dir == "outputs/rlhf-dpo/trial0"
