@@ -49,9 +49,28 @@ def _check_turns(raw: Any, name: str, where: str) -> list[dict[str, str]]:
     return _check_messages(raw[name], name, where, need_assistant=name != "prompt")
 
 
+def _split_implicit_prompt(raw: Any, where: str) -> dict[str, Any]:
+    """``raw`` with the turns ``chosen`` and ``rejected`` share from the start moved into
+    ``prompt`` (TRL's implicit-prompt format: two whole conversations and no prompt)."""
+    chosen, rejected = raw["chosen"], raw["rejected"]
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if n == 0:
+        raise ValueError(
+            f"{where}: without a 'prompt', 'chosen' and 'rejected' must start with the same "
+            "turns (the prompt)"
+        )
+    return {**raw, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
+
+
 def _check_record(raw: Any, where: str, conversational: bool = False) -> dict[str, Any]:
     """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped) of
-    a JSON object; with ``conversational`` a field may also be a list of turns."""
+    a JSON object; with ``conversational`` a field may also be a list of turns, and two whole
+    conversations without a ``prompt`` share theirs as the prompt."""
+    whole = isinstance(raw.get("chosen"), list) and isinstance(raw.get("rejected"), list)
+    if conversational and whole and "prompt" not in raw:
+        raw = _split_implicit_prompt(raw, where)
     record: dict[str, Any] = {}
     hint = f" (a pair needs {PREFERENCE_FIELDS})"
     for name in PREFERENCE_FIELDS:
@@ -91,7 +110,9 @@ def load_preference_records(
 
     ``max_samples`` keeps the first records. With ``conversational`` (DPO) ``prompt``,
     ``chosen`` and ``rejected`` may also be lists of ``{role, content}`` turns (TRL's
-    conversational format; a completion needs an assistant turn). Raises ``ValueError`` (one
+    conversational format; a completion needs an assistant turn), and a record may hold two
+    whole conversations without a ``prompt`` (TRL's implicit prompt: the turns they share
+    from the start). Raises ``ValueError`` (one
     line, naming file and line) for an unreadable source, a missing or non-string field, an
     empty ``chosen`` or ``rejected`` (or an empty assistant turn), identical ``chosen`` and
     ``rejected``, a bad ``margin``, or no records.

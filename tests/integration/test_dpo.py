@@ -100,6 +100,30 @@ def test_conversational_pair_learns_only_the_completion_turns(tok, tmp_path):
         assert tok.decode(ids) == tok.apply_chat_template(turns, tokenize=False)
 
 
+def test_implicit_prompt_is_the_turns_both_conversations_share(tok, tmp_path):
+    """TRL's implicit-prompt format: two whole conversations, no 'prompt'."""
+    user = {"role": "user", "content": "1+1?"}
+    rows = [
+        {
+            "chosen": [user, {"role": "assistant", "content": "2"}],
+            "rejected": [user, {"role": "assistant", "content": "3"}],
+        },
+        {"chosen": [{"role": "assistant", "content": "2"}], "rejected": [user]},
+    ]
+    path = _write_jsonl(tmp_path / "implicit.jsonl", rows[:1])
+    (record,) = load_preference_records(str(path), conversational=True)
+    assert record["prompt"] == [user]
+    assert record["chosen"] == [{"role": "assistant", "content": "2"}]
+    explicit = {"prompt": [user], "chosen": "2", "rejected": "3", "where": "x"}
+    assert (
+        tokenize_dpo_pairs([record], tok, 256)[0]["chosen"]
+        == (tokenize_dpo_pairs([explicit], tok, 256)[0]["chosen"])
+    )
+    bad = _write_jsonl(tmp_path / "bad.jsonl", rows[1:])
+    with pytest.raises(ValueError, match=rf"^{bad}:1: without a 'prompt', 'chosen' and 'rejected'"):
+        load_preference_records(str(bad), conversational=True)
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [
