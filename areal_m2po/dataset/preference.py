@@ -112,10 +112,9 @@ def load_preference_records(
     ``chosen`` and ``rejected`` may also be lists of ``{role, content}`` turns (TRL's
     conversational format; a completion needs an assistant turn), and a record may hold two
     whole conversations without a ``prompt`` (TRL's implicit prompt: the turns they share
-    from the start). Raises ``ValueError`` (one
-    line, naming file and line) for an unreadable source, a missing or non-string field, an
-    empty ``chosen`` or ``rejected`` (or an empty assistant turn), identical ``chosen`` and
-    ``rejected``, a bad ``margin``, or no records.
+    from the start). Raises ``ValueError`` (one line, naming file and line) for an unreadable
+    source, a missing or non-string field, an empty ``chosen`` or ``rejected`` (or an empty
+    assistant turn), identical ``chosen`` and ``rejected``, a bad ``margin``, or no records.
     """
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
