@@ -23,14 +23,15 @@
    over-optimisation).
 
 4. **DPO on the same pairs** (``--dpo``): ``python -m areal_m2po.train_dpo`` trains the SFT
-   policy directly on the reward model's training pairs (its budget: epochs, pairs per step,
-   learning rate), and reports its implicit-reward accuracy on the same held-out pairs and the
-   *true* held-out greedy accuracy, measured as the PPO run measures it (docs/dpo.md).
+   policy directly on the reward model's training pairs (its budget: epochs, pairs per step;
+   its learning rate, or one arm per ``--dpo-lr``), and reports its implicit-reward accuracy on
+   the same held-out pairs and the *true* held-out greedy accuracy, measured as the PPO run
+   measures it (docs/dpo.md).
 
     python examples/rlhf_reward_model.py                     # SmolLM2 (see docs/rlhf.md for times)
     python examples/rlhf_reward_model.py --tiny              # tiny random model, seconds
     python examples/rlhf_reward_model.py --ppo-steps 20 --ppo actor.kl_ctl=0.01
-    python examples/rlhf_reward_model.py --dpo --plot docs/dpo_demo/comparison.png
+    python examples/rlhf_reward_model.py --dpo --dpo-lr 3e-5 1e-6 --plot comparison.png
 
 Rerunning the same command continues a run that stopped: a finished stage is not run again
 (its summary is in ``stages/<name>.json``), and the SFT, PPO and DPO stages resume from their
@@ -40,7 +41,7 @@ recover checkpoints.
 its pairs are labelled by the share of digits in the answer instead (a stand-in for the stand-in).
 Everything is written under ``--output-dir``: ``sft/`` (the SFT run; ``sft/checkpoints/final``
 is the model), ``pairs/{train,valid}.jsonl``, ``rm/`` (the reward
-model run; ``rm/checkpoints/final`` is the model), ``ppo/`` (the PPO run), ``dpo/`` and ``eval/`` (``--dpo``), ``stages/`` and
+model run; ``rm/checkpoints/final`` is the model), ``ppo/`` (the PPO run), ``dpo*/`` and ``eval/`` (``--dpo``), ``stages/`` and
 ``summary.json``.
 """
 
@@ -373,13 +374,18 @@ def true_accuracy(args: argparse.Namespace, out_dir: str, model_path: str, name:
     return float(next(m["eval/accuracy"] for m in read_metrics(run_dir) if m["step"] == 0))
 
 
-def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int) -> dict:
-    """SFT -> DPO on the reward model's pairs with the reward-model stage's budget (epochs,
-    pairs per step; learning rate ``--dpo-lr``, by default the reward model's), saving and
-    evaluating the held-out pairs halfway and at the end."""
+def dpo_arm_name(args: argparse.Namespace, lr: float) -> str:
+    """``dpo`` for the reward model's learning rate, else ``dpo_lr<lr>``."""
+    return "dpo" if lr == args.rm_lr else f"dpo_lr{lr:g}"
+
+
+def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int, lr: float) -> dict:
+    """SFT -> DPO at learning rate ``lr`` on the reward model's pairs with the reward-model
+    stage's budget (epochs, pairs per step), saving and evaluating the held-out pairs halfway
+    and at the end; the run lands in ``<out_dir>/<dpo_arm_name>``."""
     t0 = time.perf_counter()
     pairs = os.path.join(out_dir, "pairs")
-    run_dir = os.path.join(out_dir, "dpo")
+    run_dir = os.path.join(out_dir, dpo_arm_name(args, lr))
     steps = math.ceil(train_pairs / args.rm_batch) * args.rm_epochs
     half = max(1, steps // 2)
     status = run_stage(
@@ -392,7 +398,7 @@ def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int) -> dict:
             f"total_train_epochs={args.rm_epochs}",
             f"train_dataset.batch_size={args.rm_batch}",
             "train_dataset.drop_last=false",
-            f"model.optimizer.lr={args.dpo_lr or args.rm_lr}",
+            f"model.optimizer.lr={lr}",
             f"beta={args.dpo_beta}",
             f"evaluator.freq_steps={half}",
             f"saver.freq_steps={half}",
@@ -404,75 +410,88 @@ def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int) -> dict:
     )
     if status != 0:
         raise SystemExit(f"train_dpo failed with status {status}")
+    return {"half": half, "seconds": time.perf_counter() - t0}
+
+
+def dpo_arm(args: argparse.Namespace, out_dir: str, train_pairs: int, lr: float) -> dict:
+    """One DPO arm: trained once (a finished run is not trained again), then read from its
+    metrics: the held-out pair metrics at each evaluation, the training pairs' completion
+    log-probs per step (falling chosen log-probs: likelihood displacement), and the true
+    held-out greedy accuracy of the SFT model, the halfway save and the final model."""
+    name = dpo_arm_name(args, lr)
+    run = cached_stage(out_dir, name, lambda: run_dpo(args, out_dir, train_pairs, lr))
+    run_dir = os.path.join(out_dir, name)
     metrics = read_metrics(run_dir)
     evals = [m for m in metrics if "eval/accuracy" in m]
+    steps = metrics[-1]["step"]
+    models = [
+        ("sft", 0, args.policy),
+        (f"{name}_half", run["half"], os.path.join(run_dir, "checkpoints", f"step_{run['half']}")),
+        (f"{name}_final", steps, os.path.join(run_dir, "checkpoints", "final")),
+    ]
+    true = []
+    for tag, step, path in models:
+        acc = cached_stage(
+            out_dir,
+            f"eval_{tag}",
+            lambda p=path, t=tag: {"acc": true_accuracy(args, out_dir, p, t)},
+        )["acc"]
+        true.append([step, acc])
+    keys = ("step", "eval/accuracy", "eval/margin", "eval/loss")
     return {
-        "path": os.path.join(run_dir, "checkpoints", "final"),
-        "steps": metrics[-1]["step"],
-        "half": half,
-        "held_out_pairs": [
-            {k: m[k] for k in ("step", "eval/accuracy", "eval/margin", "eval/loss")} for m in evals
-        ],
+        "name": name,
+        "lr": lr,
+        "path": models[-1][2],
+        "steps": steps,
+        "half": run["half"],
+        "held_out_pairs": [{k: m[k] for k in keys} for m in evals],
         "eval_pairs": evals[-1]["eval/n_pairs"],
-        "seconds": time.perf_counter() - t0,
+        "train_logps": [
+            [m["step"], m["dpo/chosen_logp"], m["dpo/rejected_logp"]]
+            for m in metrics
+            if "dpo/chosen_logp" in m
+        ],
+        "true_accuracy": true,
+        "seconds": run["seconds"],
     }
 
 
-def dpo_true_accuracy(args: argparse.Namespace, out_dir: str, dpo: dict) -> list[list[float]]:
-    """``[step, true held-out accuracy]`` of the SFT model (step 0; it must read as the PPO
-    run's step 0), of DPO's halfway save and of its final model."""
-    models = [
-        ("sft", 0, args.policy),
-        (
-            "dpo_half",
-            dpo["half"],
-            os.path.join(out_dir, "dpo", "checkpoints", f"step_{dpo['half']}"),
-        ),
-        ("dpo_final", dpo["steps"], dpo["path"]),
-    ]
-    out = []
-    for name, step, path in models:
-        acc = cached_stage(
-            out_dir,
-            f"eval_{name}",
-            lambda p=path, n=name: {"acc": true_accuracy(args, out_dir, p, n)},
-        )["acc"]
-        out.append([step, acc])
-    return out
-
-
 def plot_comparison(summary: dict[str, Any], path: str) -> str:
-    """Two panels: the true held-out greedy accuracy per training step of PPO (learned
-    reward) and of DPO, and the held-out pair accuracy of the reward model and of DPO's
-    implicit reward. Writes the PNG to ``path``."""
+    """Three panels: the true held-out greedy accuracy per training step of PPO (learned
+    reward) and of each DPO arm; the held-out pair accuracy of the reward model and of each
+    arm's implicit reward; each arm's chosen and rejected completion log-probs on its training
+    pairs. Writes the PNG to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ppo, dpo, rm = summary["ppo"], summary["dpo"], summary["reward_model"]
+    ppo, arms, rm = summary["ppo"], summary["dpo"], summary["reward_model"]
     n = summary["args"]["eval_problems"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    for label, points in (
-        ("SFT -> RM -> PPO", ppo["true_accuracy"]),
-        ("SFT -> DPO", dpo["true_accuracy"]),
-    ):
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(16, 4.2), constrained_layout=True)
+    curves = [("SFT -> RM -> PPO", ppo["true_accuracy"])]
+    curves += [(f"SFT -> DPO, lr {a['lr']:g}", a["true_accuracy"]) for a in arms]
+    for label, points in curves:
         steps, acc = zip(*points)
         se = [100 * math.sqrt(a * (1 - a) / n) for a in acc]
         left.errorbar(steps, [100 * a for a in acc], yerr=se, marker="o", capsize=3, label=label)
-    left.set_xlabel("training step of the stage (PPO: 4 problems x 8 samples; DPO: 16 pairs)")
+    left.set_xlabel("training step (PPO: 4 problems x 8 samples; DPO: 16 pairs)")
     left.set_ylabel(f"true held-out greedy accuracy, % ({n} problems)")
+    left.set_ylim(0, 100)
     left.legend()
-    before = dpo["held_out_pairs"][0]["eval/accuracy"]
-    bars = {
-        "RM before": rm["eval_accuracy_before"],
-        "RM after": rm["eval_accuracy"],
-        "DPO implicit\nbefore": before,
-        "DPO implicit\nafter": dpo["held_out_pairs"][-1]["eval/accuracy"],
-    }
-    right.bar(list(bars), [100 * v for v in bars.values()], color=["C0", "C0", "C1", "C1"])
-    right.set_ylabel(f"held-out pair accuracy, % ({rm['eval_pairs']:.0f} pairs)")
-    right.set_ylim(0, 100)
+    bars = {"RM\nbefore": rm["eval_accuracy_before"], "RM\nafter": rm["eval_accuracy"]}
+    for a in arms:
+        bars[f"DPO {a['lr']:g}\nafter"] = a["held_out_pairs"][-1]["eval/accuracy"]
+    mid.bar(list(bars), [100 * v for v in bars.values()], color=[f"C{i}" for i in range(len(bars))])
+    mid.set_ylabel(f"held-out pair accuracy, % ({rm['eval_pairs']:.0f} pairs)")
+    mid.set_ylim(0, 100)
+    for i, a in enumerate(arms):
+        steps, chosen, rejected = zip(*a["train_logps"])
+        right.plot(steps, chosen, color=f"C{i + 1}", label=f"lr {a['lr']:g} chosen")
+        right.plot(steps, rejected, color=f"C{i + 1}", ls="--", label=f"lr {a['lr']:g} rejected")
+    right.set_xlabel("DPO step")
+    right.set_ylabel("summed completion log-prob (training pairs)")
+    right.legend(fontsize=8)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -541,7 +560,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rm", nargs="*", default=[], help="extra train_rm KEY=VALUE overrides")
     p.add_argument("--ppo", nargs="*", default=[], help="extra PPO KEY=VALUE overrides")
     p.add_argument("--dpo", action="store_true", help="also SFT -> DPO on the same pairs")
-    p.add_argument("--dpo-lr", type=float, default=None, help="DPO lr (default: --rm-lr)")
+    p.add_argument(
+        "--dpo-lr", type=float, nargs="+", default=None, help="DPO lr, one arm each (--rm-lr)"
+    )
     p.add_argument("--dpo-beta", type=float, default=0.1, help="DPO beta")
     p.add_argument("--dpo-args", nargs="*", default=[], help="extra train_dpo KEY=VALUE overrides")
     p.add_argument("--plot", default=None, help="with --dpo: write the comparison PNG here")
@@ -556,18 +577,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def print_dpo(dpo: dict, ppo: dict, rm: dict) -> None:
-    pairs = dpo["held_out_pairs"]
+def print_dpo(arm: dict, rm: dict) -> None:
+    pairs = arm["held_out_pairs"]
     print(
-        f"[DPO] SFT -> DPO on the same pairs: held-out pair accuracy (implicit reward) "
-        f"{pairs[0]['eval/accuracy']:.3f} -> {pairs[-1]['eval/accuracy']:.3f} on "
-        f"{dpo['eval_pairs']:.0f} pairs (reward model: {rm['eval_accuracy']:.3f}), "
-        f"{dpo['steps']} steps ({dpo['seconds']:.0f} s)",
+        f"[DPO] SFT -> DPO (lr {arm['lr']:g}) on the same pairs: held-out pair accuracy "
+        f"(implicit reward) {pairs[0]['eval/accuracy']:.3f} -> {pairs[-1]['eval/accuracy']:.3f} "
+        f"on {arm['eval_pairs']:.0f} pairs (reward model: {rm['eval_accuracy']:.3f}), "
+        f"{arm['steps']} steps ({arm['seconds']:.0f} s); TRUE held-out greedy accuracy "
+        + ", ".join(f"step {s}: {a:.3f}" for s, a in arm["true_accuracy"]),
         flush=True,
     )
-    print("TRUE held-out greedy accuracy (checker) per step of each stage:")
-    for name, points in (("PPO", ppo["true_accuracy"]), ("DPO", dpo["true_accuracy"])):
-        print(f"  {name}: " + ", ".join(f"step {s}: {a:.3f}" for s, a in points))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -635,10 +654,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gap": gap,
     }
     if args.dpo:
-        dpo = cached_stage(out_dir, "dpo", lambda: run_dpo(args, out_dir, pairs["train_pairs"]))
-        dpo["true_accuracy"] = dpo_true_accuracy(args, out_dir, dpo)
-        summary["dpo"] = dpo
-        print_dpo(dpo, ppo, rm)
+        summary["dpo"] = []
+        for lr in args.dpo_lr or [args.rm_lr]:
+            summary["dpo"].append(dpo_arm(args, out_dir, pairs["train_pairs"], lr))
+            print_dpo(summary["dpo"][-1], rm)
         if args.plot:
             print(f"plot: {plot_comparison(summary, args.plot)}")
     summary["seconds"] = time.perf_counter() - t0

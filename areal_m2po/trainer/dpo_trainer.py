@@ -21,7 +21,7 @@ chosen reward is higher; a tie counts as wrong, so it is 0 while pi = pi_ref),
 ``dpo/chosen_logp``, ``dpo/rejected_logp`` (mean summed completion log-probs), ``dpo/n_pairs``,
 ``dpo/grad_norm``, ``dpo/lr``, ``dpo/epoch``, ``dpo/skipped``; at evaluations ``eval/loss``,
 ``eval/accuracy``, ``eval/margin``, ``eval/chosen_reward``, ``eval/rejected_reward``,
-``eval/n_pairs`` on the held-out pairs. Outputs as the other trainers: ``config.yaml``,
+``eval/chosen_logp``, ``eval/rejected_logp``, ``eval/n_pairs`` on the held-out pairs. Outputs as the other trainers: ``config.yaml``,
 ``metrics.jsonl``, ``checkpoints/<tag>`` (HF format), ``recover/step_<N>``.
 
 Data, tokenizer and every pair's length are checked before the model loads.
@@ -245,45 +245,49 @@ class DPOTrainer(RecoverableStepLoop):
         return [self._collate(mine[i * bs : (i + 1) * bs]) for i in range(n_chunks)]
 
     def _sequence_sums(self, model: Any, chunks: list[Batch]) -> list[torch.Tensor]:
-        """``[p, 2]`` completion log-prob sums (per token with IPO) of each chunk's pairs
-        under ``model`` (a ``forward_tokens`` holder; a sharded engine runs idle forwards for
-        an empty chunk)."""
+        """``[p, 2]`` summed completion log-probs of each chunk's pairs under ``model`` (a
+        ``forward_tokens`` holder; a sharded engine runs idle forwards for an empty chunk)."""
         out = []
         for batch in chunks:
             logp, _ = model.forward_tokens(batch, 1.0)
             if batch["input_ids"].shape[0] == 0:
                 out.append(torch.zeros(0, 2, dtype=torch.float64))
             else:
-                out.append(pair_sequence_logps(logp, batch["loss_mask"], self.loss.average))
+                out.append(pair_sequence_logps(logp, batch["loss_mask"]))
         return out
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """The DPO loss and the implicit-reward metrics over every held-out pair (each rank
-        scores a strided share; the reference's sums are computed once and kept)."""
+        """The DPO loss, the implicit-reward metrics and the completions' log-probs over every
+        held-out pair (each rank scores a strided share; the reference's sums are computed
+        once and kept)."""
         if not self.valid_pairs:
             return {}
         t0 = time.perf_counter()
         chunks = self._eval_chunks()
         if self._valid_ref is None:
             self._valid_ref = self._sequence_sums(self.reference, chunks)
-        policy = self._sequence_sums(self.engine, chunks)
-        ratios = torch.cat([p - r for p, r in zip(policy, self._valid_ref)])
-        chosen, _ = dist.all_gather_cat(ratios[:, 0].contiguous())
-        rejected, _ = dist.all_gather_cat(ratios[:, 1].contiguous())
+        policy = torch.cat(self._sequence_sums(self.engine, chunks))
+        ratios = policy - torch.cat(self._valid_ref)
+        if self.loss.average:  # IPO: per completion token
+            ratios = ratios / torch.cat([b["loss_mask"].sum(-1).view(-1, 2) for b in chunks])
+        # [P, 4]: chosen and rejected log-ratios, chosen and rejected log-probs
+        local = torch.cat([ratios, policy], dim=1).flatten()
+        both = dist.all_gather_cat(local)[0].view(-1, 4)
+        chosen, rejected = both[:, 0], both[:, 1]
         loss = dpo_preference_loss(
             chosen - rejected,
             beta=self.loss.beta,
             label_smoothing=self.loss.label_smoothing,
             loss_type=self.loss.loss_type,
         )
-        stats = {
-            f"eval/{k}": float(v)
-            for k, v in dpo_reward_stats(chosen, rejected, self.loss.beta).items()
-        }
+        rewards = dpo_reward_stats(chosen, rejected, self.loss.beta)
+        stats = {f"eval/{k}": float(v) for k, v in rewards.items()}
         stats.update(
             {
                 "eval/loss": float(loss.mean()),
+                "eval/chosen_logp": float(both[:, 2].mean()),
+                "eval/rejected_logp": float(both[:, 3].mean()),
                 "eval/n_pairs": float(chosen.numel()),
                 "timing/eval_s": time.perf_counter() - t0,
             }
