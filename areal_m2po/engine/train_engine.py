@@ -256,12 +256,15 @@ class HFTrainEngine:
         b, t = batch["input_ids"].shape
         logp = torch.zeros(b, t, dtype=torch.float32)
         ent = torch.zeros(b, t, dtype=torch.float32)
+        # agreed before any forward: a sharded forward is a collective, so a rank must not
+        # reach the agreement while another runs its extra forwards
+        n_idle = self._idle_micro_batches(len(idx_list))
         for idx in idx_list:
             mb = {k: v.index_select(0, idx).to(self.device) for k, v in batch.items()}
             mb_logp, mb_ent = self._forward(mb, temperature, compute_entropy)
             logp[idx] = mb_logp.cpu()
             ent[idx] = mb_ent.cpu()
-        for _ in range(self._idle_micro_batches(len(idx_list))):
+        for _ in range(n_idle):
             fsdp.idle_forward(self.model, self.device)
         return logp, ent
 
