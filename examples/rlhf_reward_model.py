@@ -480,9 +480,11 @@ def plot_comparison(summary: dict[str, Any], path: str) -> str:
     left.set_ylim(0, 100)
     left.legend()
     bars = {"RM\nbefore": rm["eval_accuracy_before"], "RM\nafter": rm["eval_accuracy"]}
+    # DPO's implicit reward starts at 0 accuracy (pi = pi_ref: every pair a tie)
     for a in arms:
         bars[f"DPO {a['lr']:g}\nafter"] = a["held_out_pairs"][-1]["eval/accuracy"]
-    mid.bar(list(bars), [100 * v for v in bars.values()], color=[f"C{i}" for i in range(len(bars))])
+    colors = ["C0", "C0"] + [f"C{i + 1}" for i in range(len(arms))]  # as the curves
+    mid.bar(list(bars), [100 * v for v in bars.values()], color=colors)
     mid.set_ylabel(f"held-out pair accuracy, % ({rm['eval_pairs']:.0f} pairs)")
     mid.set_ylim(0, 100)
     for i, a in enumerate(arms):
