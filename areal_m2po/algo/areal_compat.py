@@ -2,6 +2,8 @@
 
 Code written for AReaL (``areal/utils/functional/functional.py``) keeps its calls:
 
+* AReaL's DPO functions :func:`dpo_pair_logratios` (its packed layout) and
+  :func:`dpo_preference_loss` (:mod:`~areal_m2po.algo.dpo`).
 * :func:`ppo_actor_loss_fn`, :func:`sapo_loss_fn`, :func:`cispo_loss_fn`,
   :func:`ppo_critic_loss_fn` take AReaL's positional and keyword arguments and return
   ``(loss, stat)``, ``stat`` holding AReaL's keys as PER-TOKEN tensors of the input's shape
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.algo import m2po
+from areal_m2po.algo import dpo, m2po
 from areal_m2po.algo.aggregation import agg_loss
 from areal_m2po.algo.cispo_loss import cispo_token_terms, cispo_weight
 from areal_m2po.algo.critic_loss import critic_token_terms
@@ -54,6 +56,8 @@ __all__ = [
     "_apply_m2po_masking",
     "_get_m2po_loss_mask",
     "cispo_loss_fn",
+    "dpo_pair_logratios",
+    "dpo_preference_loss",
     "ppo_actor_loss_fn",
     "ppo_critic_loss_fn",
     "sapo_loss_fn",
@@ -444,3 +448,58 @@ def _apply_m2po_masking(
     its ``loss_mask``: :func:`m2po.m2po_mask` without its statistics, with AReaL's name
     ``old_logp`` for its ``behave_logp``."""
     return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]
+
+
+def dpo_pair_logratios(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    valid_pairs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AReaL's ``dpo_pair_logratios`` on its packed layout: each sequence's summed
+    completion log-probs under the policy and the reference, and its completion tokens, in
+    pairs (:func:`~areal_m2po.algo.dpo.dpo_pair_logratios` on the padded layout).
+
+    Args:
+        logprobs, ref_logprobs: float ``[N]``, the sequences packed one after the other,
+            interleaved ``[chosen_0, rejected_0, chosen_1, ...]``; position ``t`` holds the
+            log-prob of token ``t + 1`` (next-token layout).
+        cu_seqlens: int ``[2P + 1]`` sequence boundaries in the packed tensors.
+        loss_mask: bool ``[N]``, True on the completion tokens (token layout: it is shifted
+            by one to meet the log-probs, and each sequence's last position is dropped).
+        valid_pairs: bool ``[P]``, the pairs to keep (e.g. not padding).
+
+    Returns:
+        ``(policy_logps, ref_logps, completion_lens)``, float64 ``[K, 2]`` each (``K`` valid
+        pairs; column 0 chosen, column 1 rejected).
+    """
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
+    shifted[:-1] = loss_mask[1:].bool()
+    keep = valid_pairs.bool().repeat_interleave(2).tolist()
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        # the valid sequences, one per row, right-padded; a sequence's last position predicts
+        # nothing, so it is left out
+        parts = [p[:-1] for p, k in zip(torch.split(x, lengths), keep) if k]
+        if not parts:
+            return x.new_zeros(0, 1)
+        return torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)
+
+    mask = rows(shifted)
+    if mask.shape[0] == 0:
+        empty = torch.zeros(0, 2, dtype=torch.float64, device=logprobs.device)
+        return empty, empty.clone(), empty.clone()
+    lens = mask.sum(-1).double().view(-1, 2)
+    policy = torch.where(mask, rows(logprobs).double(), 0.0).sum(-1).view(-1, 2)
+    ref = torch.where(mask, rows(ref_logprobs).double(), 0.0).sum(-1).view(-1, 2)
+    return policy, ref, lens
+
+
+def dpo_preference_loss(
+    logits: torch.Tensor, *, beta: float, loss_type: str = "sigmoid"
+) -> torch.Tensor:
+    """AReaL's ``dpo_preference_loss``: :func:`~areal_m2po.algo.dpo.dpo_preference_loss`
+    without label smoothing (``logits`` per token for ``ipo``), float32 ``[P]``."""
+    return dpo.dpo_preference_loss(logits.float(), beta=beta, loss_type=loss_type)

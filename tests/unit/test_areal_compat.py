@@ -87,7 +87,20 @@ AREAL_SIGNATURES = {
         ("sorted_m2", inspect.Parameter.empty),
         ("m2_threshold", inspect.Parameter.empty),
     ],
+    "dpo_pair_logratios": [
+        ("logprobs", inspect.Parameter.empty),
+        ("ref_logprobs", inspect.Parameter.empty),
+        ("cu_seqlens", inspect.Parameter.empty),
+        ("loss_mask", inspect.Parameter.empty),
+        ("valid_pairs", inspect.Parameter.empty),
+    ],
+    "dpo_preference_loss": [
+        ("logits", inspect.Parameter.empty),
+        ("beta", inspect.Parameter.empty),
+        ("loss_type", "sigmoid"),
+    ],
 }
+KEYWORD_ONLY = {"dpo_preference_loss": {"beta", "loss_type"}}
 
 
 @pytest.mark.parametrize("name", sorted(AREAL_SIGNATURES))
@@ -95,7 +108,19 @@ def test_same_positional_and_keyword_arguments_as_areal(name):
     params = inspect.signature(getattr(areal_compat, name)).parameters.values()
     got = [(p.name, p.default) for p in params]
     assert got == AREAL_SIGNATURES[name]
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    keyword_only = KEYWORD_ONLY.get(name, set())
+    for p in params:
+        want = (
+            inspect.Parameter.KEYWORD_ONLY
+            if p.name in keyword_only
+            else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        assert p.kind is want, p.name
+
+
+def test_the_compat_layer_offers_exactly_areals_names():
+    public = set(areal_compat.__all__) - {"ContractError"}
+    assert public == set(AREAL_SIGNATURES)
 
 
 def test_unknown_keyword_is_a_type_error():
