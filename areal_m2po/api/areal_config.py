@@ -190,6 +190,7 @@ MAPPED: dict[str, str] = {
     "actor.behav_imp_weight_mode": "as actor.behave_imp_weight_mode",
     "actor.rejection_sampling": "AReaL's defaults for what the file leaves out (upper 5.0); "
     "its behaviour weight is applied (actor.use_behave_imp_weight)",
+    "actor.use_decoupled_loss": "true also sets recompute_logprob, as in AReaL",
 }
 """AReaL keys rewritten onto this trainer's and how (for the docs and
 :func:`areal_key_status`)."""
@@ -367,6 +368,8 @@ def _map_values(tree: dict[str, Any]) -> None:
         rs["upper"] = 5.0
     # AReaL applies the behaviour weight through rejection sampling only
     _set(tree, "actor.use_behave_imp_weight", isinstance(rs, dict))
+    if _get(tree, "actor.use_decoupled_loss") is True:  # AReaL: it implies the recompute
+        _set(tree, "actor.recompute_logprob", True)
 
 
 def _map_imp_weight_cap(tree: dict[str, Any]) -> None:
