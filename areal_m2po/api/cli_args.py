@@ -226,7 +226,9 @@ def _host_mmap_threshold_field() -> Any:
 class OptimizerConfig:
     """Optimizer and learning-rate schedule of a trainable model."""
 
-    type: str = _field("adamw", "Optimizer.", choices=("adamw", "sgd"))
+    type: str = _field(
+        "adamw", "Optimizer (AReaL key: type 'adam', which is AdamW).", choices=("adamw", "sgd")
+    )
     lr: float = _field(1e-5, "Peak learning rate.")
     weight_decay: float = _field(0.0, "Decoupled weight decay (AdamW).")
     beta1: float = _field(0.9, "Adam beta1 (SGD momentum when type=sgd).")
@@ -381,7 +383,9 @@ class TrainedModelConfig:
         "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel (AReaL key: attn_impl).", choices=ATTN_IMPLEMENTATIONS
+    )
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
 
     def __post_init__(self) -> None:
@@ -399,7 +403,9 @@ class TrainEngineConfig(TrainedModelConfig):
         "Data parallelism over the processes of `accelerate launch`: 'ddp' (every process holds "
         "the whole model, its gradients and optimizer state) or 'fsdp2' (all three sharded "
         "over the processes with torch.distributed.fsdp.fully_shard, one unit per decoder "
-        "layer plus the root; needs `accelerate launch --multi_gpu --num_processes N`, N >= 2).",
+        "layer plus the root; needs `accelerate launch --multi_gpu --num_processes N`, N >= 2). "
+        "AReaL key: its backend string 'fsdp:dN' maps to fsdp2 (ddp for d1) and "
+        "data_parallel_size N.",
         choices=BACKENDS,
     )
     fsdp: FSDPEngineConfig = _section(FSDPEngineConfig, "FSDP2 settings (backend: fsdp2).")
@@ -607,7 +613,9 @@ class ActorConfig(TrainEngineConfig):
         choices=("recompute", "loglinear"),
     )
     rejection_sampling: RejectionSamplingConfig | None = _field(
-        None, "Masked/truncated importance sampling of the behaviour weight (null = off)."
+        None,
+        "Masked/truncated importance sampling of the behaviour weight (null = off). AReaL's "
+        "removed behave_imp_weight_cap (and _mode) map here.",
     )
     use_behave_imp_weight: bool = _field(
         True,
@@ -963,18 +971,20 @@ class VLLMConfig:
         choices=(None, "in_process", "servers"),
     )
     dtype: str | None = _field(
-        None, "vLLM --dtype (null: actor.dtype).", choices=(None, "float32", "bfloat16", "float16")
+        None,
+        "vLLM --dtype (null: actor.dtype; AReaL key: vllm.dtype).",
+        choices=(None, "float32", "bfloat16", "float16"),
     )
     max_model_len: int | None = _field(
         None,
         "Context length vLLM reserves for (null: train_dataset.max_prompt_length + "
-        "gconfig.max_new_tokens).",
+        "gconfig.max_new_tokens; AReaL key: vllm.max_model_len).",
     )
     kv_cache_gib: int = _field(1, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float | None = _field(
         None,
         "CUDA only: GPU memory share of each engine (null: 0.3 in process, beside the trainer; "
-        "0.9 for servers on GPUs of their own).",
+        "0.9 for servers on GPUs of their own; AReaL key: vllm.gpu_memory_utilization).",
     )
     enable_sleep_mode: bool = _field(
         False,
@@ -1036,7 +1046,9 @@ class RolloutConfig:
         "0). sync mode: the lag is exact (staleness); if set it must be >= staleness.",
     )
     dynamic_filtering: bool = _field(
-        False, "Drop groups whose rewards are all equal (they carry no GRPO signal)."
+        False,
+        "Drop groups whose rewards are all equal (they carry no GRPO signal; AReaL key: "
+        "actor.dynamic_sampling).",
     )
     workflow: str = _field(
         "rlvr",
@@ -1052,7 +1064,8 @@ class RolloutConfig:
         "hf",
         "The inference engine: hf (sync: Hugging Face generate in process; async: our rollout "
         "servers or SGLang's) or vllm (rollout.vllm: in process or vLLM servers; needs "
-        "bash scripts/install.sh --vllm).",
+        "bash scripts/install.sh --vllm). AReaL key: its backend strings 'sglang:dN' / "
+        "'vllm:dN' map to hf / vllm, mode async and N servers (docs/areal_parity.md).",
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
@@ -1239,7 +1252,9 @@ class DatasetConfig:
     split: str = _field("train", "Split to load.")
     batch_size: int = _field(8, "Prompts per training step (global, across ranks).")
     shuffle: bool = _field(True, "Shuffle every epoch (seeded).")
-    max_prompt_length: int = _field(256, "Prompts longer than this many tokens are dropped.")
+    max_prompt_length: int = _field(
+        256, "Prompts longer than this many tokens are dropped (AReaL key: max_length)."
+    )
     max_samples: int | None = _field(None, "Use at most this many records (null: all).")
     prompt_field: str = _field("question", "Record field holding the question.")
     answer_field: str = _field("answer", "Record field holding the reference answer.")
@@ -1393,7 +1408,8 @@ class RecoverConfig:
     mode: str = _field(
         "disabled",
         "disabled: never resume; auto: resume if a checkpoint exists in output_dir; "
-        "resume: resume and fail if there is none.",
+        "resume: resume and fail if there is none (AReaL key: its on / off are auto / "
+        "disabled).",
         choices=("disabled", "auto", "resume"),
     )
     freq_steps: int | None = _field(
