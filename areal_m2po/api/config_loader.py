@@ -357,6 +357,10 @@ def load_config(
     args = list(sys.argv[1:] if argv is None else argv)
     flag = AREAL_COMPAT_FLAG in args
     files, overrides = parse_argv([a for a in args if a != AREAL_COMPAT_FLAG])
+    if flag and cls is not PPOConfig:
+        raise ConfigError(
+            AREAL_COMPAT_FLAG, f"AReaL's files are read by the RL trainer only, not {cls.__name__}"
+        )
     datas = [_read_yaml_file(path) for path in files]
     if cls is PPOConfig and (flag or any(areal_config.looks_like_areal(d) for d in datas)):
         return _load_areal(datas, overrides, cls, warn or _print_warning)
