@@ -57,7 +57,8 @@ def areal_cpu_command(model: str, train: Path, valid: Path) -> list[str]:
 
 
 def test_areal_cpu_example_trains_two_steps(tmp_path):
-    model = write_tiny_vllm_model(str(tmp_path / "model"))
+    # the file's vllm.max_model_len is 2048: the model must take that context
+    model = write_tiny_vllm_model(str(tmp_path / "model"), max_position_embeddings=2048)
     train = write_gsm8k_style(tmp_path / "train.jsonl", 32, seed=1)
     valid = write_gsm8k_style(tmp_path / "valid.jsonl", 4, seed=2)
     proc = subprocess.run(
