@@ -161,3 +161,54 @@ def test_recipe_loss_terms_act(name: str, tmp_path: Path, request: pytest.Fixtur
     stale = {**rows[1], **{f"step1/{k}": v for k, v in rows[0].items()}}
     for check in checks:
         check(stale)
+
+
+def _startup_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, *extra: str, **kw
+) -> list[str]:
+    """The trust-region lines a one-step tiny run of configs/tiny.yaml logs at start-up."""
+    import logging
+
+    from areal_m2po.trainer.rl_trainer import RLTrainer
+
+    cfg = load_config(
+        ["--config", str(CONFIGS / "tiny.yaml"), *tiny_overrides(tmp_path, 1), *extra]
+    )
+    # the package's logger does not propagate to the root, where caplog listens
+    trainer_log = logging.getLogger("areal_m2po.trainer")
+    trainer_log.addHandler(caplog.handler)
+    try:
+        trainer = RLTrainer(cfg, **kw)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        trainer_log.removeHandler(caplog.handler)
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if "act" in r.getMessage() and "clip" in r.getMessage()
+    ]
+
+
+def test_trainer_warns_at_start_up_when_the_clip_cannot_act(tmp_path: Path, caplog):
+    (line,) = _startup_warnings(tmp_path / "a", caplog, "actor.use_decoupled_loss=false")
+    assert line.startswith("the PPO clip (actor.eps_clip=0.2) cannot act: ")
+    caplog.clear()
+    (line,) = _startup_warnings(tmp_path / "b", caplog)  # tiny.yaml: the decoupled loss
+    assert "the behaviour weight pi_prox/pi_behave corrects instead" in line
+    caplog.clear()
+    assert _startup_warnings(tmp_path / "c", caplog, "actor.ppo_n_minibatches=2") == []
+
+
+def test_no_trust_region_line_for_a_custom_loss(tmp_path: Path, caplog):
+    from areal_m2po.trainer.ppo.loss_fn import library_actor_loss
+
+    def my_loss(logp, entropy, batch, ctx):  # the library's loss, but the trainer cannot know
+        return library_actor_loss(logp, entropy, batch, ctx)
+
+    assert (
+        _startup_warnings(tmp_path, caplog, "actor.use_decoupled_loss=false", actor_loss_fn=my_loss)
+        == []
+    )
