@@ -12,6 +12,7 @@ an m2 above 0.04. The checks read step 2 of ``metrics.jsonl`` (step 1's values u
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,20 +164,29 @@ def test_recipe_loss_terms_act(name: str, tmp_path: Path, request: pytest.Fixtur
         check(stale)
 
 
-def _startup_warnings(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, *extra: str, **kw
-) -> list[str]:
-    """The trust-region lines a one-step tiny run of configs/tiny.yaml logs at start-up."""
-    import logging
+class _Lines(logging.Handler):
+    """Collects the messages of the records it handles."""
 
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _startup_warnings(tmp_path: Path, *extra: str, **kw) -> list[str]:
+    """The trust-region lines a one-step tiny run of configs/tiny.yaml logs at start-up (read by
+    a handler on the trainer's logger itself: whether the package's loggers propagate to the
+    root depends on what ran before in the process)."""
     from areal_m2po.trainer.rl_trainer import RLTrainer
 
     cfg = load_config(
         ["--config", str(CONFIGS / "tiny.yaml"), *tiny_overrides(tmp_path, 1), *extra]
     )
-    # the package's logger does not propagate to the root, where caplog listens
+    collected = _Lines()
     trainer_log = logging.getLogger("areal_m2po.trainer")
-    trainer_log.addHandler(caplog.handler)
+    trainer_log.addHandler(collected)
     try:
         trainer = RLTrainer(cfg, **kw)
         try:
@@ -184,31 +194,24 @@ def _startup_warnings(
         finally:
             trainer.close()
     finally:
-        trainer_log.removeHandler(caplog.handler)
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if "act" in r.getMessage() and "clip" in r.getMessage()
-    ]
+        trainer_log.removeHandler(collected)
+    return [line for line in collected.lines if "clip" in line and " act" in line]
 
 
-def test_trainer_warns_at_start_up_when_the_clip_cannot_act(tmp_path: Path, caplog):
-    (line,) = _startup_warnings(tmp_path / "a", caplog, "actor.use_decoupled_loss=false")
+def test_trainer_warns_at_start_up_when_the_clip_cannot_act(tmp_path: Path):
+    (line,) = _startup_warnings(tmp_path / "a", "actor.use_decoupled_loss=false")
     assert line.startswith("the PPO clip (actor.eps_clip=0.2) cannot act: ")
-    caplog.clear()
-    (line,) = _startup_warnings(tmp_path / "b", caplog)  # tiny.yaml: the decoupled loss
+    (line,) = _startup_warnings(tmp_path / "b")  # tiny.yaml: the decoupled loss
     assert "the behaviour weight pi_prox/pi_behave corrects instead" in line
-    caplog.clear()
-    assert _startup_warnings(tmp_path / "c", caplog, "actor.ppo_n_minibatches=2") == []
+    assert _startup_warnings(tmp_path / "c", "actor.ppo_n_minibatches=2") == []
 
 
-def test_no_trust_region_line_for_a_custom_loss(tmp_path: Path, caplog):
+def test_no_trust_region_line_for_a_custom_loss(tmp_path: Path):
     from areal_m2po.trainer.ppo.loss_fn import library_actor_loss
 
     def my_loss(logp, entropy, batch, ctx):  # the library's loss, but the trainer cannot know
         return library_actor_loss(logp, entropy, batch, ctx)
 
     assert (
-        _startup_warnings(tmp_path, caplog, "actor.use_decoupled_loss=false", actor_loss_fn=my_loss)
-        == []
+        _startup_warnings(tmp_path, "actor.use_decoupled_loss=false", actor_loss_fn=my_loss) == []
     )
