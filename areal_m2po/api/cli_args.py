@@ -843,11 +843,12 @@ class RefConfig:
 
 @dataclass
 class TeacherConfig:
-    """On-policy distillation: a frozen teacher scores the tokens the student sampled, and each
-    policy token's advantage becomes ``rl_loss_weight * A_task + distill_loss_weight *
-    (log pi_teacher - log pi_student)`` (AReaL's key names; slime's ``--opd-kl-coef`` is
-    ``distill_loss_weight``). Placed like the reference model (same backend and micro-batches
-    as the actor); no LoRA, no optimizer."""
+    """On-policy distillation (docs/distillation.md): a frozen teacher scores the tokens the
+    student sampled, and each policy token's advantage becomes ``rl_loss_weight * A_task +
+    distill_loss_weight * A_distill``, ``A_distill`` the log-ratio log pi_teacher - log
+    pi_student (centred, optionally discounted). AReaL's key names; slime's ``--opd-kl-coef``
+    is ``distill_loss_weight``. Placed like the reference model (the actor's backend and
+    micro-batches); no LoRA, no optimizer."""
 
     path: str | None = _field(
         None,
