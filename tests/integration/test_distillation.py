@@ -200,7 +200,7 @@ def test_distillation_lowers_the_reverse_kl(tmp_path):
 
 
 MULTI_TURN = dict(
-    workflow="areal_m2po.rollout.multi_turn:MultiTurnWorkflow",
+    workflow="multi_turn",
     workflow_kwargs={"environment": "retry", "max_turns": 3, "turn_discount": 0.5},
 )
 

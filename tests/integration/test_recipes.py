@@ -65,6 +65,12 @@ def _kl_and_critic(m: Metrics) -> None:
     assert m["actor/kl_ref"] != 0 and m["critic/value_loss"] > 0
 
 
+def _distillation_acts(m: Metrics) -> None:
+    # the teacher scores the student's tokens: a reverse KL, and the task reward is not trained
+    # on (rl_loss_weight 0), so the advantages are the centred teacher-student log-ratios
+    assert m["distill/reverse_kl"] != 0 and m["step1/distill/reverse_kl"] != 0
+
+
 # config -> (extra overrides, checks of step 2)
 RECIPES: dict[str, tuple[list[str], list[Callable[[Metrics], None]]]] = {
     "default.yaml": ([], [_m2po_masks, _behaviour_weight, _clip_inert]),
@@ -82,6 +88,7 @@ RECIPES: dict[str, tuple[list[str], list[Callable[[Metrics], None]]]] = {
         ["train_dataset.path=builtin:multiplication", "valid_dataset.path=builtin:multiplication"],
         [_m2po_masks, _behaviour_weight, _clip_inert],
     ),
+    "distill.yaml": ([], [_m2po_masks, _behaviour_weight, _clip_inert, _distillation_acts]),
     "rlhf/ppo.yaml": (
         ["critic.path=builtin:tiny", "ref.path=builtin:tiny"],
         [_m2po_masks, _behaviour_weight, _clip_inert, _kl_and_critic],
@@ -188,6 +195,10 @@ def test_recipe_loss_terms_act(name: str, tmp_path: Path, request: pytest.Fixtur
     if name == "rlhf/ppo.yaml":
         rm = request.getfixturevalue("tiny_reward_model")
         extra = [*extra, f"reward.model.path={rm / 'checkpoints' / 'final'}"]
+    if name == "distill.yaml":
+        from teachers import save_tiny_teacher
+
+        extra = [*extra, f"teacher.path={save_tiny_teacher(tmp_path / 'teacher')}"]
     run_dir = tmp_path / "run"
     cfg = load_config(["--config", str(CONFIGS / name), *tiny_overrides(run_dir), *extra])
     assert cfg.rollout.staleness >= 1  # step 2 trains on a stale batch
