@@ -84,7 +84,8 @@ def sapo_token_terms(
     tau = torch.where(adv > 0, tp, tn).to(dtype)
     s = torch.sigmoid(tau * (ratio.detach() - 1.0))
     return SapoTerms(
-        token_loss=-adv * sapo_gate(ratio, tau),
+        # the product in this order: the trainer's loss, bit for bit as before the terms split
+        token_loss=-adv * (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)),
         valid=valid,
         keep=keep,
         ratio=ratio.detach(),
