@@ -13,8 +13,9 @@ import torch
 from scripted_server import REFUSED_TOKEN, ScriptedServer
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.api.engine_api import RequestError as RefusedRequest
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
-from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
+from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
 from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
 from areal_m2po.rollout.engines.remote.vllm import RemoteVLLMEngine
 
@@ -195,8 +196,11 @@ def test_a_refused_weight_update_stops_the_engine_and_resumes_the_server(servers
             engine.update_weights_from_tensors({"w": torch.ones(2)}, version=1)
         assert engine.get_version() == 0
         assert engine.metrics()["rollout/n_servers"] == 2  # refused, not dead
-        with pytest.raises(RequestError):
-            engine.check_health()  # the servers disagree on the weights now: no more rollout
+        # the servers disagree on the weights now: no more rollout, and not one request's
+        # refusal (an executor drops a refused request's group and goes on)
+        with pytest.raises(RolloutServerError, match="no more rollout") as info:
+            engine.check_health()
+        assert not isinstance(info.value, RefusedRequest)
     finally:
         engine.destroy()
     assert servers[1].endpoints("/continue_generation")  # not left paused
