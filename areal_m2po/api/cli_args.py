@@ -1141,7 +1141,14 @@ class RolloutConfig:
             # (the value is a secret: never echoed)
             raise ConfigError("server_api_key", "must be a non-empty printable string or null")
         _check_bool("allow_public_host", self.allow_public_host)
-        bind = _server_host(self.vllm.server_args or [])
+        server_args = self.vllm.server_args or []
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in server_args):
+            raise ConfigError(
+                "vllm.server_args",
+                "--api-key: the servers started here take the run's key (set "
+                f"rollout.server_api_key or ${SERVER_API_KEY_ENV} to choose it)",
+            )
+        bind = _server_host(server_args)
         if bind is not None and not self.allow_public_host and not _is_loopback(bind):
             raise ConfigError(
                 "vllm.server_args",

@@ -72,6 +72,40 @@ def test_a_400_does_not_mark_a_server_dead(servers, tolerate):
         engine.destroy()
 
 
+def _vllm_engine(servers, tmp_path, **options):
+    from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": true}')
+    options.setdefault("health_check_interval", 60.0)
+    opts = RemoteEngineOptions(weights_root=str(tmp_path / "w"), **options)
+    engine = RemoteVLLMEngine(
+        build_tiny_tokenizer(), str(model_dir), opts, addrs=[s.addr for s in servers]
+    )
+    engine.initialize()
+    return engine
+
+
+@pytest.mark.parametrize("tolerate", [True, False])
+def test_a_400_does_not_mark_a_vllm_server_dead(servers, tmp_path, tolerate):
+    """The vLLM backend on the same base: a refused request fails alone, not retried, and both
+    servers serve the next requests."""
+    engine = _vllm_engine(servers, tmp_path, tolerate_server_failures=tolerate)
+    try:
+        with pytest.raises(RequestError) as info:
+            _generate(engine, [1, REFUSED_TOKEN])
+        assert info.value.status == 400 and isinstance(info.value, RefusedRequest)
+        assert sum(len(s.endpoints("/inference/v1/generate")) for s in servers) == 1
+        assert engine.metrics()["rollout/n_servers"] == 2
+        engine.check_health()
+        for start in (1, 20):
+            assert _generate(engine, [start]).output_ids == [start + 1, start + 2, start + 3]
+        assert [len(s.endpoints("/inference/v1/generate")) for s in servers] in ([2, 1], [1, 2])
+    finally:
+        engine.destroy()
+
+
 @pytest.mark.parametrize("servers", [[{"fail_with": {"/generate": 500}}, {}]], indirect=True)
 def test_a_5xx_marks_the_server_dead_and_the_request_continues_elsewhere(servers):
     engine = _engine(servers, tolerate_server_failures=True)

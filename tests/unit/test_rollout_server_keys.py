@@ -107,3 +107,63 @@ def test_the_scaling_recipes_bind_a_public_host_only_with_a_key() -> None:
     for block in blocks:
         if "rollout_server " in block or "vllm_server_main" in block:
             assert "AREAL_M2PO_SERVER_API_KEY" in block and "--weights-root" in block, block
+
+
+@pytest.mark.parametrize("args", [["--api-key", SECRET], [f"--api-key={SECRET}"]])
+def test_an_api_key_among_the_vllm_server_args_is_refused(args) -> None:
+    with pytest.raises(ConfigError) as caught:
+        RolloutConfig(vllm=VLLMConfig(server_args=["--dtype", "float32", *args]))
+    assert str(caught.value).startswith("vllm.server_args: --api-key: the servers started here")
+    assert SECRET not in str(caught.value)
+
+
+def test_the_vllm_server_entry_wants_the_key_before_the_separator(capsys) -> None:
+    from areal_m2po.rollout.servers.vllm_main import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--parent-pid", "1", "--", "--model", "m", "--api-key", "k"])
+    assert caught.value.code == 2
+    assert "give --api-key before '--'" in capsys.readouterr().err
+
+
+def _asgi_call(guard, scope):
+    """Run ``guard`` on one connection; the messages it sent and whether the app ran."""
+    import asyncio
+
+    sent: list[dict] = []
+    reached: list[str] = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    guard.app = app
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    return sent, reached
+
+
+@pytest.mark.parametrize(
+    "headers, allowed",
+    [
+        ([], False),
+        ([(b"authorization", b"Bearer wrong")], False),
+        ([(b"authorization", b"Bearer k")], True),
+    ],
+)
+def test_a_websocket_without_the_key_is_closed_before_it_reaches_the_server(
+    headers, allowed
+) -> None:
+    from areal_m2po.rollout.servers.guard import ServerGuard
+
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": headers}
+    sent, reached = _asgi_call(ServerGuard(None, api_key="k"), scope)
+    if allowed:
+        assert reached == ["/v1/realtime"] and sent == []
+    else:
+        assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]

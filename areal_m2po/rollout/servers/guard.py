@@ -4,9 +4,10 @@
 vLLM servers load it from their own environment):
 
 * **Key.** With an API key, every request except ``GET /health`` must carry
-  ``Authorization: Bearer <key>``, else 401. ``/health`` stays open: it answers 200 and
-  nothing else, changes nothing, and is what load balancers, Slurm and ``curl`` probes call
-  without secrets (vLLM and SGLang leave it open too).
+  ``Authorization: Bearer <key>``, else 401 (a websocket is closed before it is accepted:
+  403). ``/health`` stays open: it answers 200 and nothing else, changes nothing, and is what
+  load balancers, Slurm and ``curl`` probes call without secrets (vLLM and SGLang leave it
+  open too).
 * **Body size.** A request body must state its length (``Content-Length``; a chunked body gets
   411) and hold at most ``max_body_bytes`` (else 413, naming the limit), checked before the body
   is read.
@@ -14,9 +15,9 @@ vLLM servers load it from their own environment):
 The trainer generates a key per run (``secrets.token_urlsafe``) and hands it to the servers it
 starts through their environment (:data:`API_KEY_ENV`), never on their command line, which
 ``ps`` shows to every user and vLLM writes to its log. The HF server takes it as ``--api-key``
-too; vLLM servers get :class:`VLLMServerGuard` through vLLM's ``--middleware`` flag, since
-vLLM's own ``--api-key`` guards only ``/v1``, ``/v2`` and ``/inference`` and leaves the
-weight and pause endpoints open.
+too; vLLM servers get :class:`VLLMServerGuard` through vLLM's ``--middleware`` flag besides
+vLLM's own ``--api-key`` (``VLLM_API_KEY``), which guards only ``/v1``, ``/v2``,
+``/inference`` and ``/cohere`` and leaves the weight and pause endpoints open.
 """
 
 from __future__ import annotations
@@ -111,13 +112,19 @@ class ServerGuard:
         self.server = server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key is not None and not bearer_matches(
-            headers.get("authorization"), self.api_key
-        ):
+        keyed = self.api_key is None or bearer_matches(headers.get("authorization"), self.api_key)
+        if scope["type"] == "websocket":
+            if keyed:
+                await self.app(scope, receive, send)
+            else:  # closed before it is accepted: the server answers 403
+                await receive()
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        if not keyed:
             await _refuse(
                 send, 401, f"{self.server}: a missing or wrong API key (Authorization: Bearer)"
             )

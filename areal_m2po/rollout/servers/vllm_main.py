@@ -8,10 +8,12 @@ distribution fails, so the server starts as a module) with:
 * a watchdog (:mod:`.watchdog`): when the process ``PID`` (the trainer) is gone, the whole
   process group (the API server and vLLM's engine-core child, which the trainer started in a
   session of their own) is killed, so no vLLM process outlives a trainer killed by SIGKILL;
-* with a key (``--api-key``, else ``AREAL_M2PO_SERVER_API_KEY``, which is how the trainer
-  passes it), the gate of :mod:`.guard` on every endpoint but ``/health``, loaded through
-  vLLM's ``--middleware`` (vLLM's own ``--api-key`` leaves the dev-mode weight, pause and
-  ``/collective_rpc`` endpoints open), and a body-size limit;
+* the gate of :mod:`.guard`, loaded through vLLM's ``--middleware``: a body-size limit, and
+  with a key (``--api-key``, else ``AREAL_M2PO_SERVER_API_KEY``, which is how the trainer
+  passes it, or vLLM's ``VLLM_API_KEY``) the key on every endpoint but ``/health``. The key is also vLLM's own
+  ``--api-key`` (``VLLM_API_KEY`` in its environment, so not on a command line), which alone
+  would leave the dev-mode weight, pause and ``/collective_rpc`` endpoints open. An
+  ``--api-key`` among vLLM's arguments is refused: the key goes before ``--``;
 * with ``--weights-root``, the weight-reload extension loads only from below that folder.
 """
 
@@ -35,6 +37,9 @@ __all__ = ["GUARD", "main"]
 GUARD = "areal_m2po.rollout.servers.guard.VLLMServerGuard"
 """The ``--middleware`` path of the gate."""
 
+VLLM_KEY_ENV = "VLLM_API_KEY"
+"""Where vLLM's own ``--api-key`` is read from when not given on its command line."""
+
 
 def _kill_group() -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
@@ -51,16 +56,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weights-root", default=None)
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     args = parser.parse_args(ours)
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in theirs):
+        parser.error("give --api-key before '--' (it keys every endpoint, not vLLM's alone)")
     watch_parent(args.parent_pid, _kill_group, args.watch_interval)
-    key = args.api_key or os.environ.get(API_KEY_ENV)
-    if key:  # read by the gate in this process (the engine core inherits it, unused there)
-        os.environ[API_KEY_ENV] = key
-        os.environ[MAX_BODY_ENV] = str(args.max_body_bytes)
-        theirs = [*theirs, "--middleware", GUARD]
+    key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_KEY_ENV)
+    os.environ[MAX_BODY_ENV] = str(args.max_body_bytes)  # read by the gate in this process
+    if key:  # our gate, and vLLM's own --api-key (taken from its environment, off ps)
+        os.environ[API_KEY_ENV] = os.environ[VLLM_KEY_ENV] = key
     else:
         print(
             "warning: no --api-key: whoever reaches this vLLM server can drive it", file=sys.stderr
         )
+    theirs = [*theirs, "--middleware", GUARD]
     if args.weights_root:
         os.environ[WEIGHTS_ROOT_ENV] = os.path.realpath(args.weights_root)
     from vllm.entrypoints.launchers.api_server.entry import main as vllm_main
