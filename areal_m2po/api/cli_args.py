@@ -14,7 +14,9 @@ This module imports nothing else of areal_m2po.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
@@ -70,6 +72,9 @@ __all__ = [
 
 _Options = TypeVar("_Options")
 
+SERVER_API_KEY_ENV = "AREAL_M2PO_SERVER_API_KEY"
+"""The environment variable holding the rollout servers' API key (``rollout.server_api_key``)."""
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid. ``key`` is the dotted name of the culprit field."""
@@ -84,12 +89,39 @@ class ConfigError(ValueError):
         return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.detail)
 
 
-def _field(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
-    """A dataclass field with ``help``/``choices`` metadata and a scalar default."""
+def _field(
+    default: Any, help: str, choices: tuple[Any, ...] | None = None, secret: bool = False
+) -> Any:
+    """A dataclass field with ``help``/``choices`` metadata and a scalar default; a ``secret``
+    one is written as null wherever the config is shown or saved (config.yaml, --print-config,
+    the wandb config) and left out of its dataclass repr."""
     metadata: dict[str, Any] = {"help": help}
     if choices is not None:
         metadata["choices"] = choices
-    return field(default=default, metadata=metadata)
+    if secret:
+        metadata["secret"] = True
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _server_host(args: list[str]) -> str | None:
+    """The last ``--host`` given in a server's arguments (``--host H`` or ``--host=H``)."""
+    host = None
+    for i, arg in enumerate(args):
+        if arg == "--host" and i + 1 < len(args):
+            host = args[i + 1]
+        elif arg.startswith("--host="):
+            host = arg.split("=", 1)[1]
+    return host
 
 
 def _section(factory: Any, help: str) -> Any:
@@ -1186,6 +1218,19 @@ class RolloutConfig:
         "async mode: continue on the remaining servers when one dies or hangs (false: stop "
         "with one line naming the server and the last good checkpoint).",
     )
+    server_api_key: str | None = _field(
+        None,
+        "The API key of rollout servers started elsewhere (server_addrs; start them with "
+        f"--api-key or ${SERVER_API_KEY_ENV}). null: ${SERVER_API_KEY_ENV} if set. Servers "
+        "started here get a new key per run. Never written to config.yaml or printed; "
+        "prefer the environment variable (a command line shows in ps).",
+        secret=True,
+    )
+    allow_public_host: bool = _field(
+        False,
+        "Let vllm.server_args bind servers started here to a non-loopback --host (they "
+        "still want the run's key).",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
@@ -1236,6 +1281,10 @@ class RolloutConfig:
                 "workflow_kwargs",
                 f"must be a mapping of names to values, got {self.workflow_kwargs!r}",
             )
+        self._check_servers()
+
+    def _check_servers(self) -> None:
+        """The keys of the rollout servers (addresses, resources, timeouts, key, host)."""
         if self.server_addrs is not None:
             if not isinstance(self.server_addrs, list) or not self.server_addrs:
                 raise ConfigError("server_addrs", "must be a non-empty list of host:port or null")
@@ -1262,6 +1311,30 @@ class RolloutConfig:
             _check_number(name, getattr(self, name), gt=0)
         _check_number("health_check_timeout", self.health_check_timeout, gt=0)
         _check_bool("tolerate_server_failures", self.tolerate_server_failures)
+        key = self.server_api_key
+        if key is not None and not (isinstance(key, str) and key.strip() and key.isprintable()):
+            # (the value is a secret: never echoed)
+            raise ConfigError("server_api_key", "must be a non-empty printable string or null")
+        _check_bool("allow_public_host", self.allow_public_host)
+        server_args = self.vllm.server_args or []
+        if any(a == "--api-key" or a.startswith("--api-key=") for a in server_args):
+            raise ConfigError(
+                "vllm.server_args",
+                "--api-key: the servers started here take the run's key (set "
+                f"rollout.server_api_key or ${SERVER_API_KEY_ENV} to choose it)",
+            )
+        bind = _server_host(server_args)
+        if bind is not None and not self.allow_public_host and not _is_loopback(bind):
+            raise ConfigError(
+                "vllm.server_args",
+                f"--host {bind} is not a loopback address: the servers started here would "
+                "serve whoever reaches it (set rollout.allow_public_host: true to bind it)",
+            )
+
+    def api_key(self) -> str | None:
+        """The key of servers started elsewhere: ``server_api_key``, else the environment
+        variable ``AREAL_M2PO_SERVER_API_KEY`` (None: no key)."""
+        return self.server_api_key or os.environ.get(SERVER_API_KEY_ENV) or None
 
     def engine_options(self, cls: type[_Options], **given: Any) -> _Options:
         """``cls(**given)``, an engine's options dataclass, with each of its other fields that

@@ -95,9 +95,13 @@ def fields_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], FieldKind]]:
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """A dataclass tree as plain nested dicts/lists in field-declaration order."""
+    """A dataclass tree as plain nested dicts/lists in field-declaration order; a field marked
+    ``secret`` (an API key) is None."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        return {
+            f.name: None if f.metadata.get("secret") else config_to_dict(getattr(cfg, f.name))
+            for f in dataclasses.fields(cfg)
+        }
     if isinstance(cfg, (list, tuple)):
         return [config_to_dict(v) for v in cfg]
     if isinstance(cfg, dict):

@@ -39,6 +39,7 @@ __all__ = [
     "InferenceEngine",
     "ModelRequest",
     "ModelResponse",
+    "RequestError",
     "SamplingParams",
 ]
 
@@ -47,6 +48,19 @@ FINISH_REASONS = ("stop", "length", "abort")
 string: the last output token is the one that ended it, and it is kept), ``length``
 (``max_new_tokens`` generated), ``abort`` (cut short and not continued; see
 :class:`ModelResponse`)."""
+
+
+class RequestError(Exception):
+    """An engine refused one request: it cannot be served as asked (a context longer than the
+    engine's limit, a token id outside the vocabulary, sampling the engine cannot honour).
+
+    The engine is fine and every other request goes on; only the caller of this
+    :meth:`InferenceEngine.agenerate` fails, with one line naming the limit. In-process
+    engines raise it before the request is batched, remote engines before it is sent (or when
+    a server answers 4xx: :class:`areal_m2po.rollout.engines.remote.errors.RequestError` is a
+    subclass). The executor drops the record's group and counts it
+    (``rollout/n_refused_groups``); the agent endpoint answers that call with a 400.
+    """
 
 
 @dataclass(frozen=True)
@@ -259,8 +273,10 @@ class InferenceEngine(abc.ABC):
         """Sample one completion of ``request.input_ids``.
 
         Concurrent calls are expected (a GRPO group issues its ``n`` requests at once, a
-        batch issues all its groups'); an engine may batch them. Raises an exception whose
-        one-line message names the backend (a server address, say) when it cannot serve.
+        batch issues all its groups'); an engine may batch them. Raises :class:`RequestError`
+        when this request cannot be served (the others are unaffected), and another exception
+        whose one-line message names the backend (a server address, say) when the engine
+        cannot serve at all.
         """
 
     @abc.abstractmethod

@@ -12,13 +12,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import logging
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
@@ -30,7 +32,9 @@ from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
 
-__all__ = ["Policy", "RolloutExecutor", "RolloutSetup", "arun_group"]
+__all__ = ["Policy", "RefusalCount", "RolloutExecutor", "RolloutSetup", "arun_group"]
+
+logger = logging.getLogger("areal_m2po.rollout")
 
 Policy = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 """Gives the trainer's current full weights as ``(name, tensor)`` pairs (consumed once)."""
@@ -61,6 +65,28 @@ async def arun_group(
     if any(t is None for t in episodes):
         return None
     return await workflow.afinish_group(record, list(episodes))
+
+
+class RefusalCount:
+    """Groups dropped because the engine refused one of their requests, since the last
+    :meth:`take` (counted on the loop thread, taken on the trainer's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+        self._last = ""
+
+    def add(self, reason: str) -> None:
+        with self._lock:
+            self._n += 1
+            self._last = reason
+
+    def take(self) -> tuple[int, str]:
+        """How many since the last call, and the last one's reason."""
+        with self._lock:
+            taken = (self._n, self._last)
+            self._n = 0
+        return taken
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,7 @@ class RolloutExecutor(abc.ABC):
         self.n_samples = setup.context.gconfig.n_samples
         self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.n_rollouts = 0  # batches generated so far (sync mode: seeds the sampler)
+        self.refused = RefusalCount()
 
     # -- the trainer's calls ------------------------------------------------------------------
 
@@ -153,20 +180,31 @@ class RolloutExecutor(abc.ABC):
     # -- shared -------------------------------------------------------------------------------
 
     async def _group(self, record: dict[str, Any]) -> TrajectoryGroup | None:
-        """The group of ``record`` (``n_samples`` episodes; see :func:`arun_group`)."""
-        return await arun_group(
-            self.workflow, self.engine, record, self.n_samples, self.workflow_name
-        )
+        """The group of ``record`` (``n_samples`` episodes; see :func:`arun_group`); None, with
+        a warning and a count (``rollout/n_refused_groups``), when the engine refused one of
+        its requests (:class:`~areal_m2po.api.engine_api.RequestError`: the record cannot be
+        served, the engine is fine, so the run goes on without it)."""
+        try:
+            return await arun_group(
+                self.workflow, self.engine, record, self.n_samples, self.workflow_name
+            )
+        except RequestError as exc:
+            self.refused.add(str(exc))
+            question = str(record.get("question"))[:60]
+            logger.warning("record %r dropped: the engine refused it: %s", question, exc)
+            return None
 
     def _build(
         self, groups: Sequence[TrajectoryGroup | None], epoch: int, gen_s: float
     ) -> tuple[Batch, dict[str, float]]:
         """The batch of the kept groups (in order) and its metrics."""
         kept = [g for g in groups if g is not None]
+        n_refused, reason = self.refused.take()
         if not kept:
+            why = f"; {n_refused} refused by the engine, e.g. {reason}" if n_refused else ""
             raise RuntimeError(
                 f"rollout.workflow {self.workflow_name}: every group of a batch was dropped "
-                f"({len(groups)} episodes returned None); nothing to train on"
+                f"({len(groups)} episodes returned None{why}); nothing to train on"
             )
         check_groups(kept, self.n_samples, self.workflow_name)
         finish = self.workflow.finish_batch(kept)
@@ -178,6 +216,7 @@ class RolloutExecutor(abc.ABC):
                 "timing/gen_s": gen_s,
                 "rollout/epoch": float(epoch),
                 "rollout/n_dropped_groups": float(len(groups) - len(kept)),
+                "rollout/n_refused_groups": float(n_refused),
                 **finish,
                 **self.engine.metrics(),
             }

@@ -17,12 +17,15 @@ vllm, servers      :class:`~.engines.remote.vllm.             the mode's
 =================  =========================================  ==================================
 
 Servers started here are started now (rank 0), so they load while the trainer builds its
-models; the engine waits for them at ``initialize``.
+models; the engine waits for them at ``initialize``. They take a key generated for this run
+(:func:`server_api_key`) and load weights only from the run's ``rollout_weights/``; servers
+elsewhere (``rollout.server_addrs``) take the key the user gives.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +40,7 @@ from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.workflows import build_workflow
 
-__all__ = ["RolloutParts", "build_rollout", "eos_token_ids"]
+__all__ = ["RolloutParts", "build_rollout", "eos_token_ids", "server_api_key"]
 
 
 @dataclass
@@ -135,11 +138,34 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     )
 
 
-def _remote_options(cfg: PPOConfig, parts: RolloutParts) -> Any:
+def server_api_key(cfg: PPOConfig, starts_servers: bool) -> str | None:
+    """The servers' key: ``rollout.server_api_key`` (else ``AREAL_M2PO_SERVER_API_KEY``);
+    for servers started here without one, a new key for this run."""
+    given = cfg.rollout.api_key()
+    if given is None and starts_servers:
+        return secrets.token_urlsafe(32)
+    return given
+
+
+def _weights_root(parts: RolloutParts) -> str:
+    return os.path.join(os.path.abspath(parts.output_dir), "rollout_weights")
+
+
+def _remote_options(cfg: PPOConfig, parts: RolloutParts, api_key: str | None, limits: Any) -> Any:
     from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 
-    weights_root = os.path.join(parts.output_dir, "rollout_weights")
-    return cfg.rollout.engine_options(RemoteEngineOptions, weights_root=weights_root)
+    return cfg.rollout.engine_options(
+        RemoteEngineOptions, weights_root=_weights_root(parts), api_key=api_key,
+        request_limits=limits,
+    )  # fmt: skip
+
+
+def _model_limits(model_config: Any, context_len: int | None, name: str, capped: bool) -> Any:
+    """What every request to servers of this policy must fit (vocabulary, context)."""
+    from areal_m2po.rollout.engines.request_limits import RequestLimits
+
+    vocab = getattr(model_config, "vocab_size", None)
+    return RequestLimits(vocab if isinstance(vocab, int) else None, context_len, name, capped)
 
 
 def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
@@ -150,6 +176,7 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
 
     roll = cfg.rollout
     processes = None
+    api_key = server_api_key(cfg, starts_servers=not roll.server_addrs)
     if not roll.server_addrs:
         options = HFServerOptions(
             model_path=cfg.actor.path,
@@ -159,13 +186,21 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
             num_threads=roll.server_threads,
             device=roll.server_device,
             seed=cfg.seed,
+            weights_root=_weights_root(parts),
         )
         processes = start_hf_servers(
-            roll.n_servers, options, os.path.join(parts.output_dir, "logs")
+            roll.n_servers, options, os.path.join(parts.output_dir, "logs"), api_key
         )
+    positions = getattr(parts.model_config, "max_position_embeddings", None)
+    limits = _model_limits(
+        parts.model_config,
+        positions if isinstance(positions, int) else None,
+        "the policy's max_position_embeddings",
+        capped=False,
+    )
     return RemoteSGLangEngine(
         list(roll.server_addrs) if roll.server_addrs else None,
-        _remote_options(cfg, parts),
+        _remote_options(cfg, parts, api_key, limits),
         processes=processes,
         model_config=parts.model_config,
     )
@@ -204,7 +239,9 @@ def _vllm_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
     from areal_m2po.rollout.servers.launch import VLLMServerOptions, start_vllm_servers
 
     processes = None
-    if not roll.server_addrs and parts.rank == 0:
+    starts = not roll.server_addrs and parts.rank == 0
+    api_key = server_api_key(cfg, starts_servers=starts)
+    if starts:
         servers = VLLMServerOptions(
             **model,
             model_path=model_path,
@@ -213,13 +250,18 @@ def _vllm_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
             gpu_memory_utilization=v.gpu_memory_utilization or 0.9,
             python=v.python,
             extra_args=tuple(v.server_args or ()),
+            weights_root=_weights_root(parts),
         )
         log_dir = os.path.join(parts.output_dir, "logs")
-        processes = start_vllm_servers(roll.n_servers, servers, log_dir, cuda_available())
+        processes = start_vllm_servers(roll.n_servers, servers, log_dir, cuda_available(), api_key)
+    # vLLM ends a completion that reaches max_model_len itself: only the prompt must fit (the
+    # length of servers elsewhere is known only when rollout.vllm.max_model_len says it)
+    known = max_len if not roll.server_addrs or v.max_model_len else None
+    limits = _model_limits(parts.model_config, known, "rollout.vllm.max_model_len", capped=True)
     return RemoteVLLMEngine(
         parts.tokenizer,
         model_path,
-        _remote_options(cfg, parts),
+        _remote_options(cfg, parts, api_key, limits),
         addrs=list(roll.server_addrs) if roll.server_addrs else None,
         processes=processes,
         rank=parts.rank,

@@ -13,8 +13,9 @@ import torch
 from scripted_server import REFUSED_TOKEN, ScriptedServer
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.api.engine_api import RequestError as RefusedRequest
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
-from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
+from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
 from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
 from areal_m2po.rollout.engines.remote.vllm import RemoteVLLMEngine
 
@@ -67,6 +68,40 @@ def test_a_400_does_not_mark_a_server_dead(servers, tolerate):
         for start in (1, 20):  # round robin: one request on each server
             assert _generate(engine, [start]).output_ids == [start + 1, start + 2, start + 3]
         assert [len(s.endpoints("/generate")) for s in servers] in ([2, 1], [1, 2])
+    finally:
+        engine.destroy()
+
+
+def _vllm_engine(servers, tmp_path, **options):
+    from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": true}')
+    options.setdefault("health_check_interval", 60.0)
+    opts = RemoteEngineOptions(weights_root=str(tmp_path / "w"), **options)
+    engine = RemoteVLLMEngine(
+        build_tiny_tokenizer(), str(model_dir), opts, addrs=[s.addr for s in servers]
+    )
+    engine.initialize()
+    return engine
+
+
+@pytest.mark.parametrize("tolerate", [True, False])
+def test_a_400_does_not_mark_a_vllm_server_dead(servers, tmp_path, tolerate):
+    """The vLLM backend on the same base: a refused request fails alone, not retried, and both
+    servers serve the next requests."""
+    engine = _vllm_engine(servers, tmp_path, tolerate_server_failures=tolerate)
+    try:
+        with pytest.raises(RequestError) as info:
+            _generate(engine, [1, REFUSED_TOKEN])
+        assert info.value.status == 400 and isinstance(info.value, RefusedRequest)
+        assert sum(len(s.endpoints("/inference/v1/generate")) for s in servers) == 1
+        assert engine.metrics()["rollout/n_servers"] == 2
+        engine.check_health()
+        for start in (1, 20):
+            assert _generate(engine, [start]).output_ids == [start + 1, start + 2, start + 3]
+        assert [len(s.endpoints("/inference/v1/generate")) for s in servers] in ([2, 1], [1, 2])
     finally:
         engine.destroy()
 
@@ -195,8 +230,11 @@ def test_a_refused_weight_update_stops_the_engine_and_resumes_the_server(servers
             engine.update_weights_from_tensors({"w": torch.ones(2)}, version=1)
         assert engine.get_version() == 0
         assert engine.metrics()["rollout/n_servers"] == 2  # refused, not dead
-        with pytest.raises(RequestError):
-            engine.check_health()  # the servers disagree on the weights now: no more rollout
+        # the servers disagree on the weights now: no more rollout, and not one request's
+        # refusal (an executor drops a refused request's group and goes on)
+        with pytest.raises(RolloutServerError, match="no more rollout") as info:
+            engine.check_health()
+        assert not isinstance(info.value, RefusedRequest)
     finally:
         engine.destroy()
     assert servers[1].endpoints("/continue_generation")  # not left paused

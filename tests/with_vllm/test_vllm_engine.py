@@ -12,7 +12,7 @@ import pytest
 import torch
 from vllm_helpers import hf_token_logprobs, perturbed_state, write_tiny_vllm_model
 
-from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.api.engine_api import ModelRequest, RequestError, SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -158,5 +158,32 @@ def test_greedy_stop_tokens_and_refused_sampling(engine, hf_model):
         run(SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(first,)))
     )
     assert stopped.output_ids == [first] and stopped.finish_reason == "stop"
-    with pytest.raises(ValueError, match="top_p=0.9"):
+    with pytest.raises(RequestError, match="top_p=0.9"):  # this request alone
         asyncio.run(run(SamplingParams(max_new_tokens=4, temperature=1.0, top_p=0.9)))
+
+
+def test_one_refused_request_in_a_batch_of_eight_leaves_seven_answered(engine):
+    """A prompt that fills ``max_model_len`` (128) fails vLLM's whole ``generate`` call when
+    batched; the engine refuses it before batching, alone, naming the limit, and a request
+    with sampling vLLM cannot honour fails alone too."""
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
+    requests = [ModelRequest([5 + i, 6, 7], sampling) for i in range(8)]
+    requests[3] = ModelRequest([5] * 128, sampling)
+    requests[5] = ModelRequest([9, 6, 7], SamplingParams(max_new_tokens=4, top_p=0.5))
+
+    async def run():
+        return await asyncio.gather(
+            *(engine.agenerate(r) for r in requests), return_exceptions=True
+        )
+
+    answers = asyncio.run(run())
+    assert isinstance(answers[3], RequestError)
+    assert str(answers[3]) == (
+        "vLLM engine: input_ids: 128 tokens leave no room for a new token in the context of "
+        "128 tokens (rollout.vllm.max_model_len)"
+    )
+    assert isinstance(answers[5], RequestError) and "top_p=0.5" in str(answers[5])
+    for i, (answer, request) in enumerate(zip(answers, requests)):
+        if i not in (3, 5):
+            assert not isinstance(answer, BaseException), (i, answer)
+            assert answer.input_ids == request.input_ids and 1 <= answer.output_len <= 4

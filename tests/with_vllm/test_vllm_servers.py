@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
+import socket
 import time
 
+import httpx
 import pytest
 import torch
 from procs import process_table
@@ -21,6 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LOGP_TOL = 2e-4
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42]]
+KEY = secrets.token_urlsafe(32)
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -48,12 +52,15 @@ def engine(tiny_dir, tmp_path_factory):
     from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("srv")
-    servers = VLLMServerOptions(model_path=tiny_dir, max_model_len=128, num_threads=1)
+    weights = str(root / "w")
+    servers = VLLMServerOptions(
+        model_path=tiny_dir, max_model_len=128, num_threads=1, weights_root=weights
+    )
     eng = RemoteVLLMEngine(
         build_tiny_tokenizer(),
         tiny_dir,
-        RemoteEngineOptions(weights_root=str(root / "w"), setup_timeout=900),
-        processes=start_vllm_servers(1, servers, str(root / "logs"), on_gpu=False),
+        RemoteEngineOptions(weights_root=weights, setup_timeout=900, api_key=KEY),
+        processes=start_vllm_servers(1, servers, str(root / "logs"), False, api_key=KEY),
     )
     eng.initialize()
     yield eng
@@ -123,6 +130,62 @@ def test_pause_holds_requests_until_resume(engine):
 
     response = asyncio.run(run())
     assert len(response.output_ids) >= 1
+
+
+def test_only_the_key_drives_the_server_and_weights_load_only_from_its_root(
+    engine, hf_model, tmp_path
+):
+    """The server started with the run's key: every endpoint but /health wants it (vLLM's own
+    /inference and /v1, the dev-mode weight, pause and RPC endpoints alike), it is on no
+    command line and in no log, a weight folder outside --weights-root is refused, and a body
+    over the limit gets a 413; the engine then still samples."""
+    from areal_m2po.rollout.servers.weight_files import write_weights
+
+    addr = engine.addrs[0]
+    url = f"http://{addr}"
+    calls = [
+        ("POST", "/inference/v1/generate", {"token_ids": [5, 6], "sampling_params": {}}),
+        ("GET", "/v1/models", None),
+        ("POST", "/collective_rpc", {"method": "areal_reload_weights", "kwargs": {"path": "/"}}),
+        ("POST", "/pause?mode=abort", None),
+        ("POST", "/resume", None),
+        ("POST", "/update_weight_version", {"new_version": "99"}),
+        ("POST", "/reset_prefix_cache", None),
+    ]
+    for method, endpoint, body in calls:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            resp = httpx.request(method, url + endpoint, json=body, headers=headers, timeout=60)
+            assert resp.status_code == 401, (endpoint, headers, resp.text)
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    proc = engine.processes.procs[0]
+    assert KEY not in " ".join(proc.args)
+    with open(engine.processes.logs[0], encoding="utf-8") as log:
+        assert KEY not in log.read()
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    outside = write_weights(hf_model.state_dict(), str(tmp_path / "elsewhere"), 9)
+    rpc = {"method": "areal_reload_weights", "kwargs": {"path": outside}}
+    resp = httpx.post(url + "/collective_rpc", json=rpc, headers=auth, timeout=120)
+    assert resp.status_code == 500  # vLLM's answer to a failed RPC (paths shown as <path>)
+    assert "is not below the server's --weights-root" in resp.json()["error"]["message"]
+    # a body over the 64 MiB default is refused from its Content-Length, before it is read
+    status_line = _raw_post_head(addr, "/inference/v1/generate", KEY, (64 << 20) + 1)
+    assert status_line.startswith("HTTP/1.1 413"), status_line
+    version = engine.get_version()
+    for answer in _sample(engine, 1.0, n=1):
+        assert answer.output_ids and answer.output_versions == [version] * len(answer.output_ids)
+
+
+def _raw_post_head(addr, path, key, length):
+    """The status line of a POST that announces ``length`` bytes and sends none of them."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        return sock.makefile("rb").readline().decode().strip()
 
 
 def test_killed_server_one_line_error_and_no_process_left(engine):

@@ -10,10 +10,17 @@ lengths, each run becomes ``length / k`` prompts sampled ``k`` times with one sh
 (:mod:`.shared_prefill`), rows in request order. A batch of ``B`` groups of ``n``
 therefore makes the very call the trainer made before workflows existed (``B`` prompts, ``n``
 samples each), and with the same torch seed gives the same tokens.
+
+Faults stay with their request: a request whose token ids fall outside the vocabulary or
+whose prompt plus ``max_new_tokens`` exceeds the model's positions is refused before it is
+batched (:class:`~areal_m2po.api.engine_api.RequestError`, :mod:`.request_limits`), and when
+a ``generate`` call fails its requests are run again one by one
+(:func:`~.request_batcher.answer_each`), so only a request that fails alone fails.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -24,7 +31,8 @@ import torch
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.rollout.engines.hf_generator import HFGenerator
-from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher
+from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher, answer_each
+from areal_m2po.rollout.engines.request_limits import model_limits
 from areal_m2po.rollout.servers.weight_files import read_weights_of
 from areal_m2po.utils.data import Batch
 
@@ -76,6 +84,7 @@ class HFInProcessEngine(InferenceEngine):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.generator = HFGenerator(model, tokenizer, device)
+        self.limits = model_limits(self.generator.model)
         self._model_lock = threading.Lock()
         self._batcher = RequestBatcher(self._generate_jobs, self._model_lock)
 
@@ -92,32 +101,37 @@ class HFInProcessEngine(InferenceEngine):
     # -- InferenceEngine ----------------------------------------------------------------------
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        self.limits.check(request.input_ids, request.sampling.max_new_tokens, "HF engine")
         return await self._batcher.submit(request)
 
-    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse]:
-        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling."""
+    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse | Exception]:
+        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling (a job
+        whose call fails, and fails again alone, gets its exception)."""
         by_params: dict[SamplingParams, list[int]] = {}
         for i, (req, _, _) in enumerate(jobs):
             by_params.setdefault(req.sampling, []).append(i)
-        answers: list[ModelResponse | None] = [None] * len(jobs)
+        answers: list[ModelResponse | Exception | None] = [None] * len(jobs)
         with self._model_lock:
             for params, rows in by_params.items():
-                contexts = [jobs[i][0].input_ids for i in rows]
-                if params.greedy:
-                    prompts, k = contexts, 1
-                else:
-                    prompts, k = plan_calls(contexts)
-                batch = self.generator.generate(
-                    prompts,
-                    _gconfig(params, k),
-                    greedy=params.greedy,
-                    stop_token_ids=list(params.stop_token_ids),
-                )
-                version = self.generator.version
-                for row, i in enumerate(rows):
-                    req, _, t0 = jobs[i]
-                    answers[i] = self._response(req, batch, row, version, t0)
+                run = functools.partial(self._sample, params)
+                for i, answer in zip(rows, answer_each(run, [jobs[i] for i in rows], "HF engine")):
+                    answers[i] = answer
         return [a for a in answers if a is not None]
+
+    def _sample(self, params: SamplingParams, jobs: list[Job]) -> list[ModelResponse]:
+        """One ``generate`` call answering ``jobs``, which share ``params``."""
+        contexts = [req.input_ids for req, _, _ in jobs]
+        prompts, k = (contexts, 1) if params.greedy else plan_calls(contexts)
+        batch = self.generator.generate(
+            prompts,
+            _gconfig(params, k),
+            greedy=params.greedy,
+            stop_token_ids=list(params.stop_token_ids),
+        )
+        version = self.generator.version
+        return [
+            self._response(req, batch, row, version, t0) for row, (req, _, t0) in enumerate(jobs)
+        ]
 
     def _response(
         self, req: ModelRequest, batch: Batch, row: int, version: int, t0: float

@@ -12,7 +12,9 @@ by the chat template (token-in/token-out, nothing re-tokenised). :meth:`AgentSes
 turns the chain of calls ending at the episode's last call into one trajectory.
 
 The server listens on loopback only unless told otherwise, and answers 403 to peers that are
-not loopback addresses.
+not loopback addresses. A call the engine refuses (:class:`~areal_m2po.api.engine_api.
+RequestError`: a context that does not fit, say) gets a 400 with the engine's one-line reason;
+only that call fails, and the agent decides what its episode does next.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
 from areal_m2po.api.workflow_api import Trajectory
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
@@ -442,6 +444,8 @@ class AgentProxy:
                 return await self._complete(session, parse_chat_request(body))
             except ChatRequestError as exc:
                 return _error(400, str(exc), exc.param)
+            except RequestError as exc:  # the engine refused this call alone (its context...)
+                return _error(400, str(exc), "messages")
             except ValueError as exc:  # e.g. the engine refusing the sampling parameters
                 return _error(400, str(exc))
             except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops

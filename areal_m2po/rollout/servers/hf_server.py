@@ -11,7 +11,8 @@ Endpoints (request/response shapes as in SGLang's ``http_server.py`` / ``io_stru
   running batch, or (after ``/pause_generation`` or ``abort_all_requests``) cuts it short with
   finish reason ``abort`` and the tokens made so far; the client continues such a request.
 - ``POST /update_weights_from_disk``: ``{"model_path", "weight_version", "abort_all_requests"}``
-  -> ``{"success", "message", "num_paused_requests"}`` (400 on failure).
+  -> ``{"success", "message", "num_paused_requests"}`` (400 on failure, 403 for a path outside
+  ``--weights-root``).
 - ``POST /pause_generation`` / ``POST /continue_generation``; ``GET /health``;
   ``GET /get_model_info``.
 
@@ -19,13 +20,21 @@ Generation reuses :class:`~areal_m2po.rollout.engines.hf_generator.HFGenerator`,
 sampled tokens and behaviour log-probs (``log softmax(logits / temperature)``) are computed
 exactly as in the in-process (sync) mode. Concurrent requests are queued and drained by one
 generation thread, which samples all requests with equal sampling parameters in one batched
-``generate`` call.
+``generate`` call; when that call fails, each of its requests is sampled alone, so only a
+request that fails alone gets a 500.
+
+Only its trainer drives it (:class:`ServerLimits`): every endpoint but ``/health`` wants the
+API key, weights load only from below ``--weights-root``, and each ``/generate`` is checked
+before it is queued: a body that is not a JSON object, token ids outside the vocabulary,
+``max_new_tokens`` or a prompt that does not fit the context, and a body over
+``--max-body-bytes`` each get a 4xx naming the limit (:mod:`.guard`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import queue
 import threading
@@ -39,11 +48,20 @@ from fastapi.responses import JSONResponse, Response
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.request_batcher import answer_each
+from areal_m2po.rollout.engines.request_limits import RequestLimits
+from areal_m2po.rollout.servers.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
 from areal_m2po.rollout.servers.weight_files import read_weights
 
 logger = logging.getLogger("areal_m2po.rollout_server")
 
-__all__ = ["GenerationWorker", "SamplingRequest", "build_app", "parse_generate_request"]
+__all__ = [
+    "GenerationWorker",
+    "SamplingRequest",
+    "ServerLimits",
+    "build_app",
+    "parse_generate_request",
+]
 
 _UNSUPPORTED_ZERO = ("frequency_penalty", "presence_penalty")
 
@@ -76,8 +94,26 @@ class SamplingRequest:
         )
 
 
-def parse_generate_request(body: dict[str, Any]) -> SamplingRequest:
-    """Validate a ``/generate`` body; ValueError names the offending field."""
+def _int(sp: dict[str, Any], key: str, default: int) -> int:
+    value = sp.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"sampling_params.{key}: must be an integer, got {value!r}")
+    return value
+
+
+def _float(sp: dict[str, Any], key: str, default: float) -> float:
+    value = sp.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"sampling_params.{key}: must be a number, got {value!r}")
+    return float(value)
+
+
+def parse_generate_request(body: Any, limits: RequestLimits | None = None) -> SamplingRequest:
+    """Validate a ``/generate`` body against the server's ``limits`` (token ids inside the
+    vocabulary; prompt plus ``max_new_tokens`` inside the context); ValueError names the
+    offending field and the limit."""
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object, got {type(body).__name__}")
     ids = body.get("input_ids")
     if body.get("text") is not None:
         raise ValueError("text: this server takes token ids only (send input_ids)")
@@ -85,37 +121,53 @@ def parse_generate_request(body: dict[str, Any]) -> SamplingRequest:
         raise ValueError("input_ids: must be a non-empty list of token ids")
     if any(isinstance(x, list) for x in ids):
         raise ValueError("input_ids: batched requests are not supported; send one prompt")
-    if not all(isinstance(x, int) and x >= 0 for x in ids):
-        raise ValueError("input_ids: must hold non-negative integers")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+        raise ValueError("input_ids: must hold integers")
     if body.get("stream"):
         raise ValueError("stream: streaming is not supported")
-    sp = dict(body.get("sampling_params") or {})
-    if int(sp.get("n", 1)) != 1:
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise ValueError("sampling_params: must be an object")
+    if _int(sp, "n", 1) != 1:
         raise ValueError("sampling_params.n: must be 1 (send one request per sample)")
     for key in _UNSUPPORTED_ZERO:
-        if float(sp.get(key) or 0.0) != 0.0:
+        if _float(sp, key, 0.0) != 0.0:
             raise ValueError(f"sampling_params.{key}: only 0 is supported")
-    temperature = float(sp.get("temperature", 1.0))
+    temperature = _float(sp, "temperature", 1.0)
     greedy = temperature == 0.0
-    top_k = int(sp.get("top_k", -1))
+    top_k = _int(sp, "top_k", -1)
+    max_new_tokens = _int(sp, "max_new_tokens", 128)
+    if (
+        limits is not None
+        and limits.context_len is not None
+        and max_new_tokens > limits.context_len
+    ):
+        raise ValueError(
+            f"sampling_params.max_new_tokens: {max_new_tokens} exceeds the context of "
+            f"{limits.context_len} tokens ({limits.context_name})"
+        )
     stop = sp.get("stop")
     try:
         gconfig = GenerationConfig(
             n_samples=1,
-            max_new_tokens=int(sp.get("max_new_tokens", 128)),
-            min_new_tokens=int(sp.get("min_new_tokens", 0)),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=_int(sp, "min_new_tokens", 0),
             temperature=1.0 if greedy else temperature,
-            top_p=float(sp.get("top_p", 1.0)),
+            top_p=_float(sp, "top_p", 1.0),
             top_k=0 if top_k < 0 else top_k,
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
         )
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from None
+    if limits is not None:
+        reason = limits.refusal(ids, max_new_tokens)
+        if reason is not None:
+            raise ValueError(reason)
     return_logprob = bool(body.get("return_logprob", False))
     if greedy and return_logprob:
         raise ValueError("return_logprob: not supported with temperature 0 (greedy)")
     stop_ids = sp.get("stop_token_ids") or []
-    if not all(isinstance(t, int) for t in stop_ids):
+    if not (isinstance(stop_ids, list) and all(isinstance(t, int) for t in stop_ids)):
         raise ValueError("sampling_params.stop_token_ids: must be a list of token ids")
     return SamplingRequest(
         input_ids=list(ids),
@@ -233,29 +285,35 @@ class GenerationWorker:
                 self._run(group)
 
     def _run(self, jobs: list[SamplingRequest]) -> None:
-        from transformers import StoppingCriteriaList
-
+        """Sample ``jobs`` (equal sampling) in one ``generate`` call; when it fails, each job
+        alone, so only a job that fails alone gets an error."""
         with self._model_lock:
-            self._n_in_batch = len(jobs)
             try:
-                batch = self.engine.generate(
-                    [j.input_ids for j in jobs],
-                    jobs[0].gconfig,
-                    greedy=jobs[0].greedy,
-                    stop_token_ids=jobs[0].stop_token_ids,
-                    stopping_criteria=StoppingCriteriaList([_Interrupt(self._interrupt)]),
-                )
-                version = self.engine.version
-                interrupted = self._interrupt.is_set()
-            except Exception as exc:  # report to every waiting request, keep serving
-                logger.exception("generation failed")
-                for job in jobs:
-                    job.future.set_exception(exc)
-                return
+                answers = answer_each(self._sample, jobs, "rollout server")
             finally:
                 self._n_in_batch = 0
-        for i, job in enumerate(jobs):
-            job.future.set_result(self._response(job, batch, i, version, interrupted))
+        for job, answer in zip(jobs, answers):
+            if isinstance(answer, Exception):
+                logger.error("request %s failed: %s: %s", job.rid, type(answer).__name__, answer)
+                job.future.set_exception(answer)
+            else:
+                job.future.set_result(answer)
+
+    def _sample(self, jobs: list[SamplingRequest]) -> list[dict[str, Any]]:
+        """The replies to ``jobs`` from one ``generate`` call (the model lock held)."""
+        from transformers import StoppingCriteriaList
+
+        self._n_in_batch = len(jobs)
+        batch = self.engine.generate(
+            [j.input_ids for j in jobs],
+            jobs[0].gconfig,
+            greedy=jobs[0].greedy,
+            stop_token_ids=jobs[0].stop_token_ids,
+            stopping_criteria=StoppingCriteriaList([_Interrupt(self._interrupt)]),
+        )
+        version = self.engine.version
+        interrupted = self._interrupt.is_set()
+        return [self._response(job, batch, i, version, interrupted) for i, job in enumerate(jobs)]
 
     def _response(
         self,
@@ -295,9 +353,85 @@ def _error(message: str, status: int = 400) -> Any:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-def build_app(worker: GenerationWorker, model_path: str, tokenizer_path: str) -> Any:
-    """The FastAPI application serving ``worker``."""
-    app = FastAPI(title="areal_m2po rollout server")
+@dataclass(frozen=True)
+class ServerLimits:
+    """Who may drive the server and what it accepts.
+
+    Args:
+        api_key: the key every request but ``/health`` must carry (None: none needed).
+        weights_root: ``/update_weights_from_disk`` loads only paths below this folder
+            (symlinks resolved; None: any path the server can read).
+        max_body_bytes: the largest request body.
+        requests: token ids and context every ``/generate`` must fit
+            (:class:`~areal_m2po.rollout.engines.request_limits.RequestLimits`).
+    """
+
+    api_key: str | None = None
+    weights_root: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    requests: RequestLimits = field(default_factory=RequestLimits)
+
+
+class _BadBody(ValueError):
+    """A request body that is not the JSON object an endpoint takes."""
+
+
+async def _json_object(request: Request, empty_ok: bool = False) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw and empty_ok:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _BadBody(f"the request body is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise _BadBody(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+async def _update_weights(worker: GenerationWorker, body: dict[str, Any], root: str | None) -> Any:
+    """``/update_weights_from_disk``: 403 for a path outside ``root``, 400 for a load that
+    fails (SGLang's reply shape either way)."""
+    path = body.get("model_path")
+    raw = body.get("weight_version")
+    status = 400
+    try:
+        if not path or not isinstance(path, str):
+            raise ValueError("model_path: required")
+        if root is not None and not below_root(path, root):
+            status = 403
+            raise ValueError(f"model_path: {path} is not below the server's --weights-root")
+        version = int(raw) if raw is not None else None
+        cut = await asyncio.to_thread(
+            worker.update_from_disk, path, version, bool(body.get("abort_all_requests"))
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        msg = " ".join(str(exc).split())
+        return JSONResponse(
+            {"success": False, "message": msg, "num_paused_requests": 0}, status_code=status
+        )
+    return {
+        "success": True,
+        "message": f"loaded weight version {worker.version}",
+        "num_paused_requests": cut,
+    }
+
+
+def build_app(
+    worker: GenerationWorker,
+    model_path: str,
+    tokenizer_path: str,
+    limits: ServerLimits | None = None,
+) -> Any:
+    """The FastAPI application serving ``worker``, behind the key and body-size gate
+    (:class:`~.guard.ServerGuard`) of ``limits``."""
+    limits = limits or ServerLimits()
+    app = FastAPI(title="areal_m2po rollout server", docs_url=None, redoc_url=None)
+    app.add_middleware(ServerGuard, api_key=limits.api_key, max_body_bytes=limits.max_body_bytes)
+
+    @app.exception_handler(_BadBody)
+    async def bad_body(request: Request, exc: _BadBody) -> Any:
+        return _error(str(exc))
 
     @app.get("/health")
     async def health() -> Response:
@@ -315,7 +449,7 @@ def build_app(worker: GenerationWorker, model_path: str, tokenizer_path: str) ->
     @app.post("/generate")
     async def generate(request: Request) -> Any:
         try:
-            job = parse_generate_request(await request.json())
+            job = parse_generate_request(await _json_object(request), limits.requests)
         except ValueError as exc:
             return _error(str(exc))
         try:
@@ -325,30 +459,11 @@ def build_app(worker: GenerationWorker, model_path: str, tokenizer_path: str) ->
 
     @app.post("/update_weights_from_disk")
     async def update_weights(request: Request) -> Any:
-        body = await request.json()
-        path = body.get("model_path")
-        raw = body.get("weight_version")
-        try:
-            if not path:
-                raise ValueError("model_path: required")
-            version = int(raw) if raw is not None else None
-            cut = await asyncio.to_thread(
-                worker.update_from_disk, path, version, bool(body.get("abort_all_requests"))
-            )
-        except (ValueError, OSError, RuntimeError) as exc:
-            msg = " ".join(str(exc).split())
-            return JSONResponse(
-                {"success": False, "message": msg, "num_paused_requests": 0}, status_code=400
-            )
-        return {
-            "success": True,
-            "message": f"loaded weight version {worker.version}",
-            "num_paused_requests": cut,
-        }
+        return await _update_weights(worker, await _json_object(request), limits.weights_root)
 
     @app.post("/pause_generation")
     async def pause(request: Request) -> Any:
-        body = await request.json() if await request.body() else {}
+        body = await _json_object(request, empty_ok=True)
         mode = body.get("mode", "abort")
         if mode != "abort":
             return _error(f"mode: only 'abort' is supported, got {mode!r}")

@@ -3,19 +3,25 @@
     python -m areal_m2po.rollout_server --model-path builtin:tiny --host 127.0.0.1 --port 30000
 
 Takes SGLang's launch flags ``--model-path`` (alias ``--model``), ``--tokenizer-path``,
-``--host``, ``--port``, ``--dtype``, ``--random-seed``, ``--max-running-requests`` and
-``--device``, plus our own ``--num-threads``, ``--attn-implementation`` and ``--parent-pid``
-(exit when that process is gone: the trainer passes its pid, so no server outlives it).
-The protocol is described in :mod:`areal_m2po.rollout.servers.hf_server`.
+``--host``, ``--port``, ``--dtype``, ``--random-seed``, ``--max-running-requests``,
+``--device``, ``--api-key`` and ``--context-length``, plus our own ``--num-threads``,
+``--attn-implementation``, ``--weights-root`` (weights load only from below it),
+``--max-body-bytes`` and ``--parent-pid`` (exit when that process is gone: the trainer passes
+its pid, so no server outlives it). The key is read from ``AREAL_M2PO_SERVER_API_KEY`` when
+``--api-key`` is not given (the trainer passes it so, keeping it off the command line, which
+``ps`` shows to everyone). The protocol is described in
+:mod:`areal_m2po.rollout.servers.hf_server`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 
+from areal_m2po.rollout.servers.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.extras import require_extra
@@ -40,6 +46,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--attn-implementation", default="sdpa", choices=("sdpa", "eager", "flash_attention_2")
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"every request but /health must carry 'Authorization: Bearer KEY' (default: "
+        f"${API_KEY_ENV}; neither: no key, a warning)",
+    )
+    p.add_argument(
+        "--weights-root",
+        default=None,
+        help="/update_weights_from_disk loads only paths below this folder (symlinks resolved)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="tokens of prompt + max_new_tokens a request may take (default: the model's "
+        "max_position_embeddings)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
@@ -67,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     from areal_m2po.engine.builtin_models import resolve_model_path
     from areal_m2po.engine.train_engine import load_causal_lm
     from areal_m2po.rollout.engines.hf_generator import HFGenerator
-    from areal_m2po.rollout.servers.hf_server import GenerationWorker, build_app
+    from areal_m2po.rollout.engines.request_limits import model_limits
+    from areal_m2po.rollout.servers.hf_server import GenerationWorker, ServerLimits, build_app
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -85,8 +111,25 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer.pad_token = tokenizer.eos_token
     engine = HFGenerator(model, tokenizer, torch.device(device))
     del model
+    requests = model_limits(engine.model)
+    if args.context_length is not None:
+        requests = dataclasses.replace(
+            requests, context_len=args.context_length, context_name="--context-length"
+        )
+    limits = ServerLimits(
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        weights_root=args.weights_root,
+        max_body_bytes=args.max_body_bytes,
+        requests=requests,
+    )
+    if limits.api_key is None:
+        logging.getLogger("areal_m2po.rollout_server").warning(
+            "no --api-key: whoever reaches %s:%d can generate and load weights",
+            args.host,
+            args.port,
+        )
     worker = GenerationWorker(engine, args.max_running_requests, args.random_seed)
-    app = build_app(worker, args.model_path, tok_path)
+    app = build_app(worker, args.model_path, tok_path, limits)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:

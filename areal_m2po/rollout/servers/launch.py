@@ -10,7 +10,10 @@
   extension. The interpreter may be another environment's (``rollout.vllm.python``), since
   vLLM's pins may conflict with the trainer's.
 
-Both are :class:`~.processes.ServerProcesses`, every one of which the trainer stops.
+Both are :class:`~.processes.ServerProcesses`, every one of which the trainer stops. Each
+gets the run's API key in its environment (``AREAL_M2PO_SERVER_API_KEY``, :mod:`.guard`), never
+on its command line (``ps`` shows that to every user, vLLM writes it to its log), and
+``--weights-root``, the folder the trainer stages weights in: the only place it loads from.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from dataclasses import dataclass
 
 from areal_m2po.rollout.engines.vllm.setup import VLLMModelOptions, vllm_env
+from areal_m2po.rollout.servers.guard import API_KEY_ENV
 from areal_m2po.rollout.servers.processes import ServerProcesses
 
 __all__ = [
@@ -45,6 +49,7 @@ class HFServerOptions:
         num_threads: torch CPU threads per server (None: torch's default).
         device: ``--device`` of every server (auto, cpu, cuda, cuda:N).
         seed: server ``i`` samples with ``--random-seed seed * 1000 + i``.
+        weights_root: ``--weights-root``, where the trainer stages weights (None: any path).
     """
 
     model_path: str
@@ -54,6 +59,7 @@ class HFServerOptions:
     num_threads: int | None = None
     device: str = "auto"
     seed: int = 0
+    weights_root: str | None = None
 
 
 def hf_server_command(o: HFServerOptions, port: int, index: int) -> list[str]:
@@ -67,12 +73,23 @@ def hf_server_command(o: HFServerOptions, port: int, index: int) -> list[str]:
         cmd += ["--tokenizer-path", o.tokenizer_path]
     if o.num_threads:
         cmd += ["--num-threads", str(o.num_threads)]
+    if o.weights_root:
+        cmd += ["--weights-root", o.weights_root]
     return cmd
 
 
-def start_hf_servers(n: int, options: HFServerOptions, log_dir: str) -> ServerProcesses:
-    """``n`` HF rollout servers; logs ``log_dir/rollout_server_<i>.log``."""
-    env = dict(os.environ)
+def _with_key(env: dict[str, str], api_key: str | None) -> dict[str, str]:
+    env.pop(API_KEY_ENV, None)  # the trainer's own (servers elsewhere) is not theirs
+    if api_key:
+        env[API_KEY_ENV] = api_key
+    return env
+
+
+def start_hf_servers(
+    n: int, options: HFServerOptions, log_dir: str, api_key: str | None = None
+) -> ServerProcesses:
+    """``n`` HF rollout servers taking ``api_key``; logs ``log_dir/rollout_server_<i>.log``."""
+    env = _with_key(dict(os.environ), api_key)
     if options.num_threads:
         env["OMP_NUM_THREADS"] = str(options.num_threads)
     return ServerProcesses(
@@ -98,6 +115,7 @@ class VLLMServerOptions(VLLMModelOptions):
         tokenizer_path: the tokenizer (None: ``model_path``).
         python: the interpreter that runs the servers (None: this one).
         extra_args: more vLLM server arguments, appended as given.
+        weights_root: ``--weights-root``, where the trainer stages weights (None: any path).
     """
 
     model_path: str
@@ -105,12 +123,16 @@ class VLLMServerOptions(VLLMModelOptions):
     gpu_memory_utilization: float = 0.9
     python: str | None = None
     extra_args: tuple[str, ...] = ()
+    weights_root: str | None = None
 
 
 def vllm_server_command(o: VLLMServerOptions, port: int, index: int, on_gpu: bool) -> list[str]:
     """The command line of vLLM server ``index`` on ``port``."""
     cmd = [o.python or sys.executable, "-m", "areal_m2po.rollout.vllm_server_main"]
-    cmd += ["--parent-pid", str(os.getpid()), "--"]
+    cmd += ["--parent-pid", str(os.getpid())]
+    if o.weights_root:
+        cmd += ["--weights-root", o.weights_root]
+    cmd += ["--"]
     cmd += ["--model", o.model_path, "--tokenizer", o.tokenizer_path or o.model_path]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", o.dtype]
     cmd += ["--max-model-len", str(o.max_model_len), "--seed", str(o.seed * 1000 + index)]
@@ -124,10 +146,10 @@ def vllm_server_command(o: VLLMServerOptions, port: int, index: int, on_gpu: boo
 
 
 def start_vllm_servers(
-    n: int, options: VLLMServerOptions, log_dir: str, on_gpu: bool
+    n: int, options: VLLMServerOptions, log_dir: str, on_gpu: bool, api_key: str | None = None
 ) -> ServerProcesses:
-    """``n`` vLLM servers; logs ``log_dir/vllm_server_<i>.log``."""
-    env = vllm_env(options.num_threads, options.kv_cache_gib, in_process=False)
+    """``n`` vLLM servers taking ``api_key``; logs ``log_dir/vllm_server_<i>.log``."""
+    env = _with_key(vllm_env(options.num_threads, options.kv_cache_gib, in_process=False), api_key)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     # CPU: vLLM's sampler torch.compiles a helper (token ranks of the log-probs); that
     # compiles C++ at the first request, which hung past vLLM's RPC timeout on this

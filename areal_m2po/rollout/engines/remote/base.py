@@ -20,7 +20,11 @@ trainer's thread alike; the pool's state is touched on that loop only, so nothin
   ``/health`` probes made every ``health_check_interval`` seconds is dead. With
   ``tolerate_server_failures`` its unfinished requests continue on the others; otherwise, or
   when none is left, every call raises the first failure. A 4xx answer
-  (:class:`~.errors.RequestError`) marks nothing dead and is raised to the caller.
+  (:class:`~.errors.RequestError`) marks nothing dead and is raised to the caller; a request
+  that cannot fit the servers (``options.request_limits``) is refused before it is sent. A
+  refused weight update stops the engine (the servers may now hold different weights).
+* **Key.** Every call carries the servers' API key (``options.api_key``); with several
+  trainer processes, rank 0's key (generated for the servers it started) is broadcast.
 * **Several trainer processes** share the servers: each generates its share on them, and rank
   0 alone drives them (waits for them at start, writes and loads weights, labels versions,
   pauses); rank 0 broadcasts the servers' addresses, and the error it got, so every rank
@@ -38,15 +42,16 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
-from areal_m2po.rollout.engines.remote.errors import RolloutServerError, ServerError
+from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
 from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
 from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
+from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.servers.weight_files import (
     check_weights_version,
     prune_weights,
@@ -74,6 +79,9 @@ class RemoteEngineOptions:
         health_check_interval: seconds between ``/health`` probes of every server.
         health_check_timeout: a server not answering ``/health`` within this is dead.
         tolerate_server_failures: continue on the other servers when one dies.
+        api_key: the servers' API key, sent with every call (None: none; never printed).
+        request_limits: what a request must fit to be sent (the servers' vocabulary and
+            context; default: nothing checked here, the servers refuse).
     """
 
     weights_root: str | None = None
@@ -82,6 +90,8 @@ class RemoteEngineOptions:
     health_check_interval: float = 5.0
     health_check_timeout: float = 10.0
     tolerate_server_failures: bool = False
+    api_key: str | None = field(default=None, repr=False)
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 class ServerPool(Protocol):
@@ -161,7 +171,9 @@ class RemoteInferenceEngine(InferenceEngine):
             ready.wait()
         self._drive(lambda: self._call(self._setup()))
         if self.world > 1:
-            self._addrs = list(dist.broadcast_object(self._addrs))
+            addrs, key = dist.broadcast_object((self._addrs, self.options.api_key))
+            self._addrs = list(addrs)
+            self._call(self._use_key(key))
         self._call(self._open_pool())
         self._submit(self._monitor())
         self._initialized = True
@@ -188,7 +200,9 @@ class RemoteInferenceEngine(InferenceEngine):
         self._client = (
             self._client_factory()
             if self._client_factory is not None
-            else ServerClient(opts.request_timeout, opts.health_check_timeout, self._exit_reason)
+            else ServerClient(
+                opts.request_timeout, opts.health_check_timeout, self._exit_reason, opts.api_key
+            )
         )
         self._loop = loop
         ready.set()
@@ -209,6 +223,9 @@ class RemoteInferenceEngine(InferenceEngine):
         await self._client.wait_healthy(self._addrs, self.options.setup_timeout)
         labels = self.backend.label_calls(self._version)
         await gather_or_cancel(*(self._send(a, labels) for a in self._addrs))
+
+    async def _use_key(self, api_key: str | None) -> None:
+        self._client.set_api_key(api_key)
 
     async def _open_pool(self) -> None:
         self._alive = list(self._addrs)
@@ -322,6 +339,10 @@ class RemoteInferenceEngine(InferenceEngine):
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
         self.check_health()
+        engine = f"{self.backend.kind} engine"
+        self.options.request_limits.check(
+            request.input_ids, request.sampling.max_new_tokens, engine
+        )
         return await asyncio.wrap_future(self._submit(self._generate(request)))
 
     async def _generate(self, request: ModelRequest) -> ModelResponse:
@@ -420,6 +441,9 @@ class RemoteInferenceEngine(InferenceEngine):
 
         results = await asyncio.gather(*(one(a) for a in list(self._alive)), return_exceptions=True)
         for r in results:
+            if isinstance(r, RequestError):  # the engine stops: not one request's refusal
+                self._fail(RolloutServerError(r.addr, f"{r.reason}; no more rollout"))
+                raise r
             if isinstance(r, BaseException):
                 self._fail(r)
                 raise r

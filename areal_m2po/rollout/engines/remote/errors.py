@@ -8,13 +8,21 @@ with the last good recover checkpoint.
   the server dead; with ``rollout.tolerate_server_failures`` its requests continue on the
   others.
 * :class:`RequestError`: the server answered 4xx, so it is alive and this request is what is
-  wrong (a prompt it cannot take, a setting it refuses). Nothing is marked dead and the request
-  is not sent to another server: the caller gets the error.
+  wrong (a prompt it cannot take, a setting it refuses), or the engine refused the request
+  before sending it. Nothing is marked dead and the request is not sent to another server: the
+  caller gets the error. It is the engine interface's
+  :class:`~areal_m2po.api.engine_api.RequestError`, so workflows handle it as they handle an
+  in-process engine's.
+
+A 401 (the server wants another key than ours) is a :class:`ServerError`: no request can be
+served there, whatever it holds.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from areal_m2po.api.engine_api import RequestError as RefusedRequest
 
 __all__ = ["RequestError", "RolloutServerError", "ServerError"]
 
@@ -40,8 +48,9 @@ class ServerError(RolloutServerError):
     """The server failed: connection, timeout, 5xx, malformed reply, ``/health``, exit."""
 
 
-class RequestError(RolloutServerError):
-    """The server answered ``status`` (4xx): this request is bad, the server is fine."""
+class RequestError(RolloutServerError, RefusedRequest):
+    """The server answered ``status`` (4xx), or the engine refused the request before sending
+    it (``status`` 400): this request is bad, the server is fine."""
 
     def __init__(self, addr: str, message: str, status: int) -> None:
         self.status = status

@@ -1,8 +1,10 @@
 """The one HTTP client of the remote engine: calls to rollout servers, ``/health`` probes and
 the wait for every server at start, over one ``httpx.AsyncClient`` (one event loop).
 
-Answers are sorted into the errors of :mod:`.errors`: a 4xx is a :class:`RequestError`;
-no connection, a timeout, any other status or a body that is not JSON is a
+Every request carries the servers' API key (``Authorization: Bearer``) when there is one.
+Answers are sorted into the errors of :mod:`.errors`: a 4xx is a :class:`RequestError`, but
+a 401 (the server wants another key) is a :class:`ServerError`, since no request can be served
+there; no connection, a timeout, any other status or a body that is not JSON is a
 :class:`ServerError` (naming the process's exit when it was started here and has exited).
 """
 
@@ -44,15 +46,27 @@ class ServerClient:
         request_timeout: seconds one call may take.
         health_timeout: seconds one ``/health`` probe may take.
         exit_reason: tells a server whose process exited (servers started here), or None.
+        api_key: the servers' key, sent with every request (None: none).
     """
 
     def __init__(
-        self, request_timeout: float, health_timeout: float, exit_reason: ExitReason | None = None
+        self,
+        request_timeout: float,
+        health_timeout: float,
+        exit_reason: ExitReason | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.request_timeout = request_timeout
         self.health_timeout = health_timeout
         self.exit_reason = exit_reason or (lambda addr: None)
         self._http = httpx.AsyncClient(timeout=request_timeout)
+        self.set_api_key(api_key)
+
+    def set_api_key(self, api_key: str | None) -> None:
+        """Send ``api_key`` with every later request (None: no key)."""
+        self._http.headers.pop("Authorization", None)
+        if api_key:
+            self._http.headers["Authorization"] = f"Bearer {api_key}"
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -71,6 +85,11 @@ class ServerClient:
             raise ServerError(
                 addr, reason or f"{endpoint} failed: {type(exc).__name__}: {exc}"
             ) from None
+        if resp.status_code == 401:
+            raise ServerError(
+                addr, f"{endpoint} refused our API key (401): start the server with the run's key, "
+                "or give its key in rollout.server_api_key or AREAL_M2PO_SERVER_API_KEY",
+            )  # fmt: skip
         if 400 <= resp.status_code < 500:
             raise RequestError(
                 addr, f"{endpoint} refused the request ({resp.status_code}): "

@@ -17,10 +17,17 @@ reload (``collective_rpc("reload_weights", weights_iterator=...)``; no disk), al
 entries belong to the old weights) and stamps the version (vLLM labels every output token with
 it). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which
 :meth:`initialize` sets together with the CPU variables of :func:`.vllm_setup.vllm_env`.
+
+Faults stay with their request: a prompt that leaves no room in ``max_model_len`` or holds a
+token id outside the vocabulary is refused before it is batched, sampling vLLM cannot honour
+fails that request alone (both :class:`~areal_m2po.api.engine_api.RequestError`), and when
+``LLM.generate`` fails (vLLM then aborts what it had added) its requests are run again one by
+one (:func:`~..request_batcher.answer_each`).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import threading
@@ -30,9 +37,10 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
+from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, RequestError
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
-from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher
+from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher, answer_each
+from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.engines.vllm.setup import (
     VLLMModelOptions,
     check_vllm_model,
@@ -125,6 +133,7 @@ class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
         self._tied = False
         self._names: set[str] = set()
         self._asleep = False
+        self.limits = RequestLimits()  # known once the engine is built
         self._lock = threading.Lock()
         self._batcher = RequestBatcher(self._generate_jobs, self._lock)
 
@@ -168,6 +177,13 @@ class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
             kwargs.update(enable_sleep_mode=o.enable_sleep_mode)
         self.llm = self._vllm.LLM(**kwargs)
         self.llm.llm_engine.set_weight_version(str(self._version))
+        model_config = self.llm.llm_engine.model_config
+        self.limits = RequestLimits(
+            vocab_size=int(model_config.get_vocab_size()),
+            context_len=int(model_config.max_model_len),
+            context_name="rollout.vllm.max_model_len",
+            completion_capped=True,  # vLLM ends a completion at max_model_len (length)
+        )
 
     def destroy(self) -> None:
         """Drop the engine (its memory is freed once nothing else holds it)."""
@@ -182,23 +198,42 @@ class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
         if self.llm is None:
             raise RuntimeError("vLLM engine: initialize() first")
+        self.limits.check(request.input_ids, request.sampling.max_new_tokens, "vLLM engine")
         return await self._batcher.submit(request)
 
-    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse]:
-        """One ``LLM.generate`` call over ``jobs``; responses in order."""
-        vllm = self._vllm
-        params = [to_vllm_sampling(vllm, req.sampling, self.eos_ids) for req, _, _ in jobs]
-        prompts = [vllm.TokensPrompt(prompt_token_ids=list(req.input_ids)) for req, _, _ in jobs]
+    def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse | Exception]:
+        """One ``LLM.generate`` call over ``jobs``; for each in order its response, or the
+        exception of that job alone."""
+        answers: list[ModelResponse | Exception | None] = [None] * len(jobs)
+        ready: list[tuple[int, Any]] = []  # (job index, its vLLM sampling)
+        for i, (req, _, _) in enumerate(jobs):
+            try:
+                ready.append((i, to_vllm_sampling(self._vllm, req.sampling, self.eos_ids)))
+            except ValueError as exc:
+                answers[i] = RequestError(str(exc))
         with self._lock:
             if self.llm is None:
                 raise RuntimeError("vLLM engine: destroyed")
             self._wake_locked()
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
-            version = self._version
+            run = functools.partial(self._sample, jobs)
+            for (i, _), answer in zip(ready, answer_each(run, ready, "vLLM engine")):
+                answers[i] = answer
             if self.options.enable_sleep_mode:  # free the GPU for the trainer until needed
                 self.llm.sleep(level=1)
                 self._asleep = True
-        return [self._response(req, out, version, t0) for (req, _, t0), out in zip(jobs, outs)]
+        return [a for a in answers if a is not None]
+
+    def _sample(self, jobs: list[Job], part: list[tuple[int, Any]]) -> list[ModelResponse]:
+        """One ``LLM.generate`` call answering ``jobs[i]`` for each ``(i, sampling)`` of
+        ``part``."""
+        prompts = [
+            self._vllm.TokensPrompt(prompt_token_ids=list(jobs[i][0].input_ids)) for i, _ in part
+        ]
+        outs = self.llm.generate(prompts, [params for _, params in part], use_tqdm=False)
+        version = self._version
+        return [
+            self._response(jobs[i][0], out, version, jobs[i][2]) for (i, _), out in zip(part, outs)
+        ]
 
     def _response(self, req: ModelRequest, out: Any, version: int, t0: float) -> ModelResponse:
         comp = out.outputs[0]

@@ -6,8 +6,12 @@ path), which mixes these methods into
 every vLLM worker; the trainer calls them through the dev-mode ``/collective_rpc`` endpoint
 (``VLLM_SERVER_DEV_MODE=1``), as AReaL's vLLM server adds its ``/areal_update_weights``.
 
+A server started with ``--weights-root`` (``AREAL_M2PO_WEIGHTS_ROOT`` in the worker's
+environment) loads only from below that folder, symlinks resolved.
+
 This module is imported inside the vLLM worker process: it imports only the standard library,
-torch, safetensors and :mod:`areal_m2po.rollout.engines.vllm.weights`.
+torch, safetensors, :mod:`areal_m2po.rollout.engines.vllm.weights` and
+:mod:`areal_m2po.rollout.servers.guard`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 from typing import Any
 
 from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
+from areal_m2po.rollout.servers.guard import WEIGHTS_ROOT_ENV, below_root
 
 __all__ = ["WeightReloadExtension"]
 
@@ -27,8 +32,13 @@ class WeightReloadExtension:
         """Load every ``*.safetensors`` tensor under ``path`` into the model in place (with
         ``lm_head.weight`` = the embedding for a tied model, which vLLM's CPU backend needs);
         returns ``{"n_tensors": ...}``. Raises when the files lack a tensor of the served
-        model's checkpoint (vLLM itself only logs that)."""
+        model's checkpoint (vLLM itself only logs that), and PermissionError when ``path``
+        is not below the server's ``--weights-root``."""
         from safetensors.torch import load_file
+
+        root = os.environ.get(WEIGHTS_ROOT_ENV)
+        if root and not below_root(path, root):
+            raise PermissionError(f"{path} is not below the server's --weights-root {root}")
 
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if not files:
