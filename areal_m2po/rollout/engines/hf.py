@@ -10,12 +10,21 @@ lengths, each run becomes ``length / k`` prompts sampled ``k`` times with one sh
 (:mod:`.shared_prefill`), rows in request order. A batch of ``B`` groups of ``n``
 therefore makes the very call the trainer made before workflows existed (``B`` prompts, ``n``
 samples each), and with the same torch seed gives the same tokens.
+
+:meth:`HFInProcessEngine.pause` cuts the running ``generate`` call short at its next step:
+rows that had not ended come back ``abort`` with the tokens made so far, and their
+``agenerate`` continues them from those tokens once :meth:`~HFInProcessEngine.resume` is
+called (each token keeps the log-prob and version of the weights that made it), as the remote
+engine continues the requests a server aborts. Rows a stop string ended are ``stop`` and are
+not continued.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,7 +32,7 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
-from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher
 from areal_m2po.rollout.servers.weight_files import read_weights_of
 from areal_m2po.utils.data import Batch
@@ -77,6 +86,7 @@ class HFInProcessEngine(InferenceEngine):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
         self.generator = HFGenerator(model, tokenizer, device)
         self._model_lock = threading.Lock()
+        self._interrupt = threading.Event()  # set while paused: generation stops at once
         self._batcher = RequestBatcher(self._generate_jobs, self._model_lock)
 
     # -- properties the workflows and executors read -----------------------------------------
@@ -92,15 +102,43 @@ class HFInProcessEngine(InferenceEngine):
     # -- InferenceEngine ----------------------------------------------------------------------
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
-        return await self._batcher.submit(request)
+        """The completion of ``request``; one cut short by :meth:`pause` is continued from
+        its tokens after :meth:`resume`."""
+        t0 = time.perf_counter()
+        s = request.sampling
+        ids: list[int] = []
+        logps: list[float] = []
+        versions: list[int] = []
+        while True:
+            part = request
+            if ids:  # the rest of an aborted completion, after its tokens
+                rest = dataclasses.replace(
+                    s,
+                    max_new_tokens=s.max_new_tokens - len(ids),
+                    min_new_tokens=max(0, s.min_new_tokens - len(ids)),
+                )
+                part = ModelRequest(list(request.input_ids) + ids, rest, rid=request.rid)
+            out = await self._batcher.submit(part)
+            ids += out.output_ids
+            logps += out.output_logprobs
+            versions += out.output_versions
+            if out.finish_reason != "abort":
+                return ModelResponse.to_request(
+                    request, ids, logps, versions, out.finish_reason, t0
+                )
 
     def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse]:
-        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling."""
+        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling (cut
+        short when :meth:`pause` sets the interrupt)."""
+        from transformers import StoppingCriteriaList
+
         by_params: dict[SamplingParams, list[int]] = {}
         for i, (req, _, _) in enumerate(jobs):
             by_params.setdefault(req.sampling, []).append(i)
         answers: list[ModelResponse | None] = [None] * len(jobs)
         with self._model_lock:
+            if self._interrupt.is_set():  # paused since these were taken: continue them later
+                return [ModelResponse.to_request(r, [], [], [], "abort", t0) for r, _, t0 in jobs]
             for params, rows in by_params.items():
                 contexts = [jobs[i][0].input_ids for i in rows]
                 if params.greedy:
@@ -112,25 +150,26 @@ class HFInProcessEngine(InferenceEngine):
                     _gconfig(params, k),
                     greedy=params.greedy,
                     stop_token_ids=list(params.stop_token_ids),
+                    stopping_criteria=StoppingCriteriaList([StopWhenSet(self._interrupt)]),
                 )
                 version = self.generator.version
+                finish = self.generator.finish_reasons(
+                    batch,
+                    params.max_new_tokens,
+                    params.stop_token_ids,
+                    params.stop,
+                    self._interrupt.is_set(),
+                )
                 for row, i in enumerate(rows):
                     req, _, t0 = jobs[i]
-                    answers[i] = self._response(req, batch, row, version, t0)
+                    answers[i] = self._response(req, batch, row, version, finish[row], t0)
         return [a for a in answers if a is not None]
 
     def _response(
-        self, req: ModelRequest, batch: Batch, row: int, version: int, t0: float
+        self, req: ModelRequest, batch: Batch, row: int, version: int, finish: str, t0: float
     ) -> ModelResponse:
         mask = batch["loss_mask"][row]
         out = [int(t) for t in batch["input_ids"][row][mask].tolist()]
-        stops = set(self.generator.eos_ids) | set(req.sampling.stop_token_ids)
-        if out and out[-1] in stops:
-            finish = "stop"
-        elif len(out) >= req.sampling.max_new_tokens:
-            finish = "length"
-        else:  # ended by a stop string
-            finish = "stop"
         logps = [float(x) for x in batch["behave_logp"][row][mask].tolist()]
         return ModelResponse.to_request(req, out, logps, [version] * len(out), finish, t0)
 
@@ -146,9 +185,14 @@ class HFInProcessEngine(InferenceEngine):
         self.update_weights_from_tensors(read_weights_of(path, version), version)
 
     def pause(self) -> None:
+        """Cut the running ``generate`` call short at its next step and hold new ones; its
+        unfinished requests are continued after :meth:`resume`. Returns once nothing is
+        being generated."""
+        self._interrupt.set()
         self._batcher.pause()
 
     def resume(self) -> None:
+        self._interrupt.clear()
         self._batcher.resume()
 
     def get_version(self) -> int:
