@@ -1467,8 +1467,8 @@ class PPOConfig:
         return "train_dataset.max_prompt_length", train
 
     def _check_episode_budget(self) -> None:
-        """The episode budget holds a prompt and a turn, fits the model's positions, vLLM's
-        context and (when set) one training micro-batch."""
+        """The episode budget holds a prompt and a turn, and fits the model's positions and
+        vLLM's context."""
         budget, explicit = self.episode_budget, self.rollout.max_episode_tokens is not None
         key, prompt = self._longest_prompt()
         new = self.gconfig.max_new_tokens
@@ -1493,17 +1493,6 @@ class PPOConfig:
                 f"{vllm_len} cannot hold an episode of {budget} tokens ({origin}); set at "
                 f"least {budget}, or null to derive it",
             )
-        engines = [("actor", self.actor)] + (
-            [("critic", self.critic)] if self.critic.enabled else []
-        )
-        for name, engine in engines:
-            per_mb = engine.mb_spec.max_tokens_per_mb
-            if explicit and per_mb is not None and per_mb < budget:
-                raise ConfigError(
-                    f"{name}.mb_spec.max_tokens_per_mb",
-                    f"{per_mb} cannot hold one episode of rollout.max_episode_tokens "
-                    f"({budget}); set at least {budget}, or null",
-                )
 
     def _behaviour_logprob_reader(self) -> str | None:
         """The actor setting that makes training read the behaviour log-probs, if any."""
