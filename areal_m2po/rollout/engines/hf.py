@@ -137,9 +137,12 @@ class HFInProcessEngine(InferenceEngine):
             by_params.setdefault(req.sampling, []).append(i)
         answers: list[ModelResponse | None] = [None] * len(jobs)
         with self._model_lock:
-            if self._interrupt.is_set():  # paused since these were taken: continue them later
-                return [ModelResponse.to_request(r, [], [], [], "abort", t0) for r, _, t0 in jobs]
             for params, rows in by_params.items():
+                if self._interrupt.is_set():  # paused before their turn: continued later
+                    for i in rows:
+                        req, _, t0 = jobs[i]
+                        answers[i] = ModelResponse.to_request(req, [], [], [], "abort", t0)
+                    continue
                 contexts = [jobs[i][0].input_ids for i in rows]
                 if params.greedy:
                     prompts, k = contexts, 1
