@@ -74,16 +74,24 @@ def _pause_at_step(model: torch.nn.Module, step: int, pause: Callable[[], None],
     return model.register_forward_hook(hook), started
 
 
-class CountingWorker(GenerationWorker):
-    """The server's worker, counting the requests it was given (``received``)."""
+class GatedWorker(GenerationWorker):
+    """The server's worker, taking its first batch only once ``expect`` requests have come,
+    so they are sampled in one batch (``received`` counts them)."""
 
-    def __init__(self, engine: HFGenerator) -> None:
+    def __init__(self, engine: HFGenerator, expect: int) -> None:
+        self.expect, self.received = expect, 0  # before the generation thread starts
         super().__init__(engine)
-        self.received = 0
 
     def submit(self, request: Any) -> Any:
-        self.received += 1
-        return super().submit(request)
+        future = super().submit(request)
+        self.received += 1  # after it is queued
+        return future
+
+    def _take_batch(self) -> list[Any]:
+        if self.received < self.expect:
+            time.sleep(0.01)
+            return []
+        return super()._take_batch()
 
 
 class _Served:
@@ -122,7 +130,7 @@ def test_server_stop_ended_row_in_an_interrupted_batch_is_stop_and_not_continued
     want_b = _greedy(gen, b, MAX_NEW, [stop])
     assert len(want_a) == 1 and len(want_b) == MAX_NEW
 
-    worker = CountingWorker(gen)
+    worker = GatedWorker(gen, expect=2)
     served = _Served(worker)
     engine = RemoteSGLangEngine(
         [served.addr],
@@ -132,18 +140,12 @@ def test_server_stop_ended_row_in_an_interrupted_batch_is_stop_and_not_continued
     greedy = SamplingParams(max_new_tokens=MAX_NEW, temperature=0.0, stop=(stop,))
     hook, pauses = _pause_at_step(gen.model, CUT_AT, engine.pause, worker._interrupt)
     try:
-        worker.pause()  # hold the queue so both requests land in one batch
         futures = [
             asyncio.run_coroutine_threadsafe(
                 engine.agenerate(ModelRequest(p, greedy)), engine._loop
             )
             for p in (a, b)
         ]
-        deadline = time.monotonic() + 60
-        while worker.received < 2:
-            assert time.monotonic() < deadline, "the requests did not reach the server"
-            time.sleep(0.01)
-        worker.resume()
         deadline = time.monotonic() + 60
         while not pauses:
             assert time.monotonic() < deadline, "the batch never reached its 4th step"
@@ -171,13 +173,11 @@ def test_worker_labels_each_row_of_an_interrupted_batch():
     gen = HFGenerator(model, tokenizer, torch.device("cpu"))
     a, b, stop = _two_prompts(gen)
     want_b = _greedy(gen, b, MAX_NEW)
-    worker = GenerationWorker(gen)
+    worker = GatedWorker(gen, expect=2)
     hook, pauses = _pause_at_step(gen.model, CUT_AT, worker.pause, worker._interrupt)
     try:
-        worker.pause()
         body = {"sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "stop": stop}}
         futures = [worker.submit(parse_generate_request({"input_ids": p, **body})) for p in (a, b)]
-        worker.resume()
         replies = [f.result(60) for f in futures]
     finally:
         hook.remove()

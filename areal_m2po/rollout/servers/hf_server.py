@@ -201,7 +201,6 @@ class GenerationWorker:
             first = self._queue.get(timeout=0.1)
         except queue.Empty:
             return []
-        self._running.wait()  # paused as it came: batch it with what queues until the resume
         jobs = [first]
         while len(jobs) < self.max_batch:
             try:
