@@ -6,6 +6,8 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.ppo_loss`: the clipped / decoupled PPO policy loss
   (:class:`~areal_m2po.algo.ppo_loss.PPOLossSpec`, ``ppo_actor_loss``);
 * :mod:`~areal_m2po.algo.sapo_loss`: the SAPO policy loss;
+* :mod:`~areal_m2po.algo.cispo_loss`: the CISPO policy loss (clipped, stop-gradient
+  importance weight);
 * :mod:`~areal_m2po.algo.critic_loss`: the clipped value loss;
 * :mod:`~areal_m2po.algo.policy_ratio`: the token / sequence (GSPO) policy ratio;
 * :mod:`~areal_m2po.algo.aggregation`: loss aggregation and a micro-batch's weight;

@@ -1,36 +1,61 @@
-"""AReaL's names and calling conventions for this package's maths: the one compatibility place.
+"""AReaL's loss functions with AReaL's contract, computed by this package's maths.
 
-Code ported from AReaL keeps its calls: ``ppo_actor_loss_fn`` (the loss options as keywords,
-AReaL's argument names ``logprobs`` / ``proximal_logprobs`` / ``old_logprobs``),
-``sapo_loss_fn`` (``old_logprobs`` there is the proximal policy, as in AReaL),
-``ppo_critic_loss_fn``, AReaL's DPO functions ``dpo_pair_logratios`` (its packed layout) and
-``dpo_preference_loss``, and the M2PO helpers ``_apply_m2po_masking`` and
-``_get_m2po_loss_mask`` (importable from :mod:`areal_m2po.trainer.ppo.actor` too, where AReaL
-defines them). Each is a thin call into the module that owns the concept; new code calls those
-directly (:func:`~areal_m2po.algo.ppo_loss.ppo_actor_loss`,
-:func:`~areal_m2po.algo.sapo_loss.sapo_loss`,
-:func:`~areal_m2po.algo.critic_loss.ppo_critic_loss`, :func:`~areal_m2po.algo.m2po.m2po_mask`,
-:mod:`~areal_m2po.algo.dpo`).
-The module imports only torch and :mod:`areal_m2po.algo`; it keeps no state.
+Code written for AReaL (``areal/utils/functional/functional.py``) keeps its calls:
+
+* AReaL's DPO functions :func:`dpo_pair_logratios` (its packed layout) and
+  :func:`dpo_preference_loss` (:mod:`~areal_m2po.algo.dpo`).
+* :func:`ppo_actor_loss_fn`, :func:`sapo_loss_fn`, :func:`cispo_loss_fn`,
+  :func:`ppo_critic_loss_fn` take AReaL's positional and keyword arguments and return
+  ``(loss, stat)``, ``stat`` holding AReaL's keys as PER-TOKEN tensors of the input's shape
+  (``importance_weight``, ``approx_kl``, ``clip_mask``, ``dual_clip_mask``, ``loss``; with
+  ``rejection_sampling`` also ``behave_imp_weight``, ``behave_approx_kl``, ``behave_mask``
+  and the float ``filtered_fraction``; SAPO adds ``sapo_soft_gate``,
+  ``sapo_scaled_gate_pos``/``_neg``), which a stats tracker reduces under its own masks.
+* Inputs are 2-D padded ``[B, T]`` or 1-D packed ``[N]`` with ``cu_seqlens`` (int ``[B + 1]``,
+  the sequence boundaries, as AReaL's ``pack_tensor_dict`` makes them); sequence-level
+  importance sampling (GSPO) and sequence-level rejection sampling then act per packed
+  sequence. A 1-D input without ``cu_seqlens`` is one sequence for token-level options and
+  refused for sequence-level ones, as in AReaL.
+* AReaL's semantics: the loss is a token mean over ``loss_mask`` (its count before rejection
+  sampling); without ``rejection_sampling`` no behaviour weight is applied (``old_logprobs``
+  is then unused); M2PO acts by the caller narrowing ``loss_mask``
+  (:func:`_apply_m2po_masking`), so the denominator is the kept count. The same checks
+  refuse the same arguments, with messages saying what AReaL's say; where AReaL asserts,
+  :class:`ContractError` is both an ``AssertionError`` and a ``ValueError``. This module also
+  refuses some values AReaL lets through (negative clip ranges, non-bool masks,
+  mismatched shapes, malformed ``cu_seqlens``).
+* The stat tensors equal AReaL's at every position, masked-out ones included (where AReaL's
+  formulas read masked-out inputs, so do they here).
+
+The maths is the package's (:mod:`~areal_m2po.algo.ppo_loss`,
+:mod:`~areal_m2po.algo.sapo_loss`, :mod:`~areal_m2po.algo.cispo_loss`,
+:mod:`~areal_m2po.algo.critic_loss`, :mod:`~areal_m2po.algo.m2po`); this module only adapts
+layouts, arguments and statistics. The trainer's own loss path keeps its reduced statistics.
+It imports only torch and :mod:`areal_m2po.algo`; it keeps no state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from areal_m2po.algo import dpo, m2po
-from areal_m2po.algo.critic_loss import ppo_critic_loss
-from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
+from areal_m2po.algo.aggregation import agg_loss
+from areal_m2po.algo.cispo_loss import cispo_token_terms, cispo_weight
+from areal_m2po.algo.critic_loss import critic_token_terms
+from areal_m2po.algo.options import IMPORTANCE_SAMPLING_LEVELS, VALUE_LOSS_TYPES
+from areal_m2po.algo.ppo_loss import PolicyLossTerms, PPOLossSpec, clipped_pg, ppo_token_terms
 from areal_m2po.algo.rejection_sampling import RejectionSampling
-from areal_m2po.algo.sapo_loss import sapo_loss
+from areal_m2po.algo.sapo_loss import sapo_gate, sapo_token_terms
 
 __all__ = [
+    "ContractError",
     "_apply_m2po_masking",
     "_get_m2po_loss_mask",
+    "cispo_loss_fn",
     "dpo_pair_logratios",
     "dpo_preference_loss",
     "ppo_actor_loss_fn",
@@ -38,7 +63,157 @@ __all__ = [
     "sapo_loss_fn",
 ]
 
-LossStats = dict[str, torch.Tensor]
+Stat = dict[str, Any]
+
+
+class ContractError(ValueError, AssertionError):
+    """An argument AReaL refuses with an ``assert``: catchable as AReaL's ``AssertionError``
+    and as the ``ValueError`` this package raises for bad arguments."""
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts: padded [B, T] or packed [N] + cu_seqlens <-> the [B, T] rows the maths takes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each of the caller's tokens sits in the ``[rows, width]`` grid the maths takes:
+    ``index`` (row, column) per packed token, or None when the caller's tensor is already
+    ``[B, T]`` or is a 1-D single sequence."""
+
+    shape: torch.Size
+    index: tuple[torch.Tensor, torch.Tensor] | None
+    rows: int
+    width: int
+
+    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The caller's tensor as rows (packed: padding cells 0 / False; differentiable)."""
+        if self.index is None:
+            return x if x.ndim == 2 else x.reshape(1, -1)
+        out = torch.zeros((self.rows, self.width), dtype=x.dtype, device=x.device)
+        return out.index_put(self.index, x)
+
+    def to_caller(self, y: torch.Tensor) -> torch.Tensor:
+        """Rows back in the caller's layout (packed: the padding cells dropped)."""
+        if self.index is None:
+            return y.reshape(self.shape)
+        return y[self.index]
+
+
+_NEED_CU_SEQLENS = (
+    "cu_seqlens is required for 1D tensors (packed format) with sequence-level importance "
+    "sampling; for a single sequence use cu_seqlens=torch.tensor([0, seq_len], dtype=torch.int32)"
+)
+_NEED_CU_SEQLENS_RS = "cu_seqlens is required for 1D packed tensors in sequence-level filtering."
+
+
+def _layout(x: torch.Tensor, cu_seqlens: torch.Tensor | None, missing: str | None) -> _Layout:
+    """The layout of ``x``: 2-D as it is; 1-D packed by ``cu_seqlens``, or (None) one
+    sequence, unless ``missing`` is the message refusing that.
+
+    Raises:
+        ValueError: ``x`` is not 1-D or 2-D; ``cu_seqlens`` is not a valid boundary list of
+            ``x``; ``missing`` is set and ``cu_seqlens`` is None for a 1-D ``x``.
+    """
+    if x.ndim not in (1, 2):
+        raise ValueError(f"Expected 1D (packed) or 2D (padded) tensors, got ndim={x.ndim}")
+    if x.ndim == 2 or (cu_seqlens is None and missing is None):
+        rows, width = (x.shape[0], x.shape[1]) if x.ndim == 2 else (1, x.shape[0])
+        return _Layout(x.shape, None, rows, width)
+    if cu_seqlens is None:
+        raise ValueError(missing)
+    cu = cu_seqlens
+    if (
+        not isinstance(cu, torch.Tensor)
+        or cu.ndim != 1
+        or cu.numel() < 2
+        or cu.is_floating_point()
+        or int(cu[0]) != 0
+        or int(cu[-1]) != x.shape[0]
+        or bool((cu[1:] < cu[:-1]).any())
+    ):
+        raise ValueError(
+            "cu_seqlens must be a 1-D integer tensor of sequence boundaries from 0 to the "
+            f"{x.shape[0]} packed tokens, non-decreasing, got {cu!r}"
+        )
+    cu = cu.to(device=x.device, dtype=torch.long)
+    lengths = cu[1:] - cu[:-1]
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=x.device), lengths)
+    col = torch.arange(x.shape[0], device=x.device) - cu[row]
+    width = max(int(lengths.max()), 1)
+    return _Layout(x.shape, (row, col), int(lengths.numel()), width)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument checks with AReaL's messages
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_level(level: Any) -> None:
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"Invalid importance_sampling_level: {level}. Must be 'token' or 'sequence'."
+        )
+
+
+def _rejection_sampling(rs: Any) -> RejectionSampling | None:
+    """AReaL's ``rejection_sampling`` argument (its config section, or any object or mapping
+    with :class:`RejectionSampling`'s field names; fields it lacks take the loss's defaults)
+    as a checked :class:`RejectionSampling`."""
+    if rs is None or isinstance(rs, RejectionSampling):
+        return rs
+    if not isinstance(rs, Mapping):
+        rs = {f.name: getattr(rs, f.name) for f in fields(RejectionSampling) if hasattr(rs, f.name)}
+    return RejectionSampling(**rs)
+
+
+def _rs_layout_message(rs: RejectionSampling | None) -> str | None:
+    return _NEED_CU_SEQLENS_RS if rs is not None and rs.level == "sequence" else None
+
+
+def _float(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return x.detach().to(like.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def _count_stats(keep: torch.Tensor, total: int) -> Stat:
+    """AReaL's token counts of the loss mask after rejection sampling."""
+    n_valid = int(keep.sum())
+    return {
+        "n_total_tokens": float(total),
+        "n_valid_tokens": float(n_valid),
+        "n_masked_tokens": float(total - n_valid),
+        "masked_token_ratio": float(1.0 - n_valid / max(total, 1)),
+    }
+
+
+def _behave_stats(
+    terms: PolicyLossTerms, lay: _Layout, prox: torch.Tensor, behave: torch.Tensor
+) -> Stat:
+    """The rejection-sampling stats: the bounded behaviour weight on the kept tokens (0
+    elsewhere), the tokens it is positive on, their ``prox - behave`` and the filtered
+    fraction (tokens dropped or clamped, over the loss mask)."""
+    keep = lay.to_caller(terms.keep)
+    weight = lay.to_caller(torch.where(terms.keep, terms.behave_weight, 0.0))
+    mask = (weight > 0) & keep
+    kl = torch.where(mask, _float(prox, weight) - _float(behave, weight), 0.0)
+    n_valid = max(int(terms.valid.sum()), 1)
+    return {
+        "behave_imp_weight": weight,
+        "behave_approx_kl": kl,
+        "behave_mask": mask,
+        "filtered_fraction": float(terms.rejected.sum()) / n_valid,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the loss functions
+# ---------------------------------------------------------------------------------------------
 
 
 def ppo_actor_loss_fn(
@@ -48,44 +223,204 @@ def ppo_actor_loss_fn(
     advantages: torch.Tensor,
     eps_clip: float,
     loss_mask: torch.Tensor,
-    m2po_mask: torch.Tensor | None = None,
-    **options: Any,
-) -> tuple[torch.Tensor, LossStats]:
-    """AReaL's ``ppo_actor_loss_fn``: :func:`~areal_m2po.algo.ppo_loss.ppo_actor_loss` with the
-    loss options as keywords.
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    rejection_sampling: Any = None,
+    importance_sampling_level: str = "token",
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stat]:
+    """AReaL's clipped (decoupled, dual-clip, GSPO) PPO actor loss.
 
-    ``logprobs`` current, ``proximal_logprobs`` proximal, ``old_logprobs`` behaviour log-probs,
-    all float ``[B, T]``; ``options`` are the other fields of :class:`PPOLossSpec`
-    (``eps_clip_higher``, ``c_clip``, ``rejection_sampling``, ``importance_sampling_level``,
-    ``loss_agg_mode``, ``max_tokens_norm``); an unknown keyword raises ``TypeError``.
-    ``rejection_sampling`` may also be a config section, as AReaL passes it (an object with
-    :class:`RejectionSampling`'s field names; fields it lacks take the loss's defaults). Builds
-    the spec on each call; a training loop builds it once and calls ``ppo_actor_loss``.
+    Args:
+        logprobs: current log-probs (differentiable); proximal_logprobs: the ratio's
+            reference; old_logprobs: behaviour log-probs (read only with
+            ``rejection_sampling``); advantages. All ``[B, T]``, or ``[N]`` packed.
+        eps_clip, eps_clip_higher: the ratio is clipped to ``[1 - eps_clip, 1 +
+            (eps_clip_higher or eps_clip)]``; c_clip: dual clip (> 1) or None.
+        loss_mask: bool, like ``logprobs``.
+        rejection_sampling: None, AReaL's config section, a mapping or a
+            :class:`RejectionSampling`: the bounded behaviour weight
+            ``pi_prox / pi_behave`` multiplies each token's loss.
+        importance_sampling_level: "token" or "sequence" (GSPO: per row or packed sequence).
+        cu_seqlens: int ``[B + 1]`` boundaries of 1-D packed inputs.
+    Returns:
+        ``(loss, stat)``: the token mean over ``loss_mask`` and AReaL's per-token stats.
     """
-    rs = options.get("rejection_sampling")
-    if rs is not None and not isinstance(rs, (Mapping, RejectionSampling)):
-        # AReaL passes its config section: take its fields
-        options["rejection_sampling"] = {
-            f.name: getattr(rs, f.name) for f in fields(RejectionSampling) if hasattr(rs, f.name)
-        }
-    spec = PPOLossSpec(eps_clip=eps_clip, **options)
-    return ppo_actor_loss(
-        logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, spec, m2po_mask
-    )
+    _check_level(importance_sampling_level)
+    if c_clip is not None and not c_clip > 1.0:
+        raise ContractError(f"c_clip must be > 1.0, got {c_clip}")
+    rs = _rejection_sampling(rejection_sampling)
+    missing = _NEED_CU_SEQLENS if importance_sampling_level == "sequence" else None
+    lay = _layout(logprobs, cu_seqlens, missing or _rs_layout_message(rs))
+    spec = PPOLossSpec(eps_clip, eps_clip_higher, c_clip, rs, importance_sampling_level)
+    behave = old_logprobs if rs is not None else proximal_logprobs
+    rows = lay.to_rows
+    terms = ppo_token_terms(
+        rows(logprobs), rows(proximal_logprobs), rows(behave), rows(advantages),
+        rows(loss_mask), spec,
+    )  # fmt: skip
+    loss = agg_loss(terms.token_loss, terms.keep, terms.valid)
+    # AReaL's statistics ratio and advantage: token level, the ratio on the loss mask and the
+    # given advantages; sequence level, the row's values on the kept tokens, 0 elsewhere
+    shown = terms.valid if importance_sampling_level == "token" else terms.keep
+    ratio = lay.to_caller(torch.where(shown, terms.ratio, 0.0))
+    if importance_sampling_level == "token":
+        adv = _float(advantages, ratio)
+    else:
+        adv = lay.to_caller(torch.where(terms.keep, terms.advantages, 0.0))
+    pg, clip, dual = clipped_pg(ratio, adv, spec.eps_clip, spec.eps_clip_upper, c_clip)
+    stat: Stat = {
+        "loss": pg,
+        "importance_weight": ratio,
+        "approx_kl": (logprobs - proximal_logprobs).detach(),
+        "clip_mask": clip & loss_mask,
+        "dual_clip_mask": dual & loss_mask,
+        **_count_stats(terms.keep, loss_mask.numel()),
+    }
+    if rs is not None:
+        stat.update(_behave_stats(terms, lay, proximal_logprobs, old_logprobs))
+        stat["loss"] = pg * stat["behave_imp_weight"]
+    return loss, stat
 
 
 def sapo_loss_fn(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, *args: Any, **kwargs: Any
-) -> tuple[torch.Tensor, LossStats]:
-    """AReaL's ``sapo_loss_fn``: :func:`~areal_m2po.algo.sapo_loss.sapo_loss` with
-    ``old_logprobs`` the proximal log-probs (the ratio's reference); the other arguments
-    (``advantages, tau_pos, tau_neg, loss_mask, m2po_mask, loss_agg_mode, max_tokens_norm``,
-    keyword ``importance_sampling_level``) are ``sapo_loss``'s."""
-    return sapo_loss(logprobs, old_logprobs, *args, **kwargs)
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    tau_pos: float,
+    tau_neg: float,
+    loss_mask: torch.Tensor,
+    importance_sampling_level: str = "token",
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stat]:
+    """AReaL's SAPO loss: ``-A * (4 / tau) * sigmoid(tau (r - 1))`` with ``r = exp(logprobs -
+    old_logprobs)`` (``old_logprobs`` is the ratio's reference, the proximal policy) and
+    ``tau = tau_pos`` for ``A > 0`` else ``tau_neg``; token mean over ``loss_mask``. Shapes and
+    ``cu_seqlens`` as :func:`ppo_actor_loss_fn`.
+
+    Returns:
+        ``(loss, stat)`` with AReaL's per-token ``loss``, ``importance_weight``,
+        ``approx_kl``, ``clip_mask``/``dual_clip_mask`` (all False), ``sapo_soft_gate`` (the
+        scaled gate of the token's advantage sign) and ``sapo_scaled_gate_pos``/``_neg``.
+    """
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError("SAPO temperatures (tau_pos, tau_neg) must be positive.")
+    _check_level(importance_sampling_level)
+    missing = _NEED_CU_SEQLENS if importance_sampling_level == "sequence" else None
+    lay = _layout(logprobs, cu_seqlens, missing)
+    rows = lay.to_rows
+    terms = sapo_token_terms(
+        rows(logprobs), rows(old_logprobs), rows(advantages), tau_pos, tau_neg,
+        rows(loss_mask), importance_sampling_level=importance_sampling_level,
+    )  # fmt: skip
+    loss = agg_loss(terms.token_loss, terms.keep, terms.valid)
+    log_ratio = (logprobs - old_logprobs).detach()
+    if importance_sampling_level == "token":
+        ratio = torch.exp(_float(log_ratio, terms.ratio))
+        adv = _float(advantages, ratio)
+    else:
+        ratio = lay.to_caller(torch.where(terms.keep, terms.ratio, 0.0))
+        adv = lay.to_caller(torch.where(terms.keep, terms.advantages, 0.0))
+    gate_pos, gate_neg = sapo_gate(ratio, tau_pos), sapo_gate(ratio, tau_neg)
+    soft_gate = torch.where(adv > 0, gate_pos, gate_neg)
+    no_clip = torch.zeros_like(loss_mask, dtype=torch.bool)
+    stat: Stat = {
+        "loss": -soft_gate * adv,
+        "importance_weight": ratio,
+        "approx_kl": log_ratio,
+        "clip_mask": no_clip,
+        "dual_clip_mask": no_clip.clone(),
+        "sapo_soft_gate": soft_gate,
+        "sapo_scaled_gate_pos": gate_pos,
+        "sapo_scaled_gate_neg": gate_neg,
+    }
+    return loss, stat
 
 
-ppo_critic_loss_fn = ppo_critic_loss
-"""AReaL's name of :func:`~areal_m2po.algo.critic_loss.ppo_critic_loss` (same arguments)."""
+def cispo_loss_fn(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    loss_mask: torch.Tensor,
+    eps_clip_higher: float | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    rejection_sampling: Any = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stat]:
+    """AReaL's CISPO loss (:mod:`~areal_m2po.algo.cispo_loss`): ``-sg(clamp(r, 1 - eps_clip,
+    1 + eps_clip_higher)) * A * logprobs``, token mean over ``loss_mask``; with
+    ``rejection_sampling`` the bounded behaviour weight (from ``old_logprobs``) multiplies
+    it. Shapes and ``cu_seqlens`` as :func:`ppo_actor_loss_fn` (token level only).
+
+    Returns:
+        ``(loss, stat)`` with AReaL's per-token ``loss``, ``importance_weight`` (the
+        unclipped ratio), ``approx_kl``, ``clip_mask`` (ratio outside the band, on the loss
+        mask after rejection sampling), ``dual_clip_mask`` (all False) and, with
+        ``rejection_sampling``, the ``behave_*`` stats and ``filtered_fraction``.
+    Raises:
+        ValueError: ``eps_clip_higher`` None or not positive; ``rejection_sampling`` without
+            ``old_logprobs``.
+    """
+    rs = _rejection_sampling(rejection_sampling)
+    if rs is not None and old_logprobs is None:
+        raise ValueError("old_logprobs is required when rejection_sampling is set")
+    spec = PPOLossSpec(eps_clip, eps_clip_higher, None, rs)
+    lay = _layout(logprobs, cu_seqlens, _rs_layout_message(rs))
+    behave = old_logprobs if old_logprobs is not None and rs is not None else proximal_logprobs
+    rows = lay.to_rows
+    terms = cispo_token_terms(
+        rows(logprobs), rows(proximal_logprobs), rows(behave), rows(advantages),
+        rows(loss_mask), spec,
+    )  # fmt: skip
+    loss = agg_loss(terms.token_loss, terms.keep, terms.valid)
+    log_ratio = (logprobs - proximal_logprobs).detach()
+    ratio = torch.exp(_float(log_ratio, terms.ratio))
+    clipped = cispo_weight(ratio, spec.eps_clip, spec.eps_clip_upper)
+    stat: Stat = {
+        "loss": -clipped * _float(advantages, ratio) * _float(logprobs, ratio),
+        "importance_weight": ratio,
+        "approx_kl": log_ratio,
+        "clip_mask": (clipped != ratio) & lay.to_caller(terms.keep),
+        "dual_clip_mask": torch.zeros_like(loss_mask, dtype=torch.bool),
+    }
+    if rs is not None:
+        assert old_logprobs is not None  # checked above
+        stat.update(_behave_stats(terms, lay, proximal_logprobs, old_logprobs))
+        stat["loss"] = stat["loss"] * stat["behave_imp_weight"]
+    return loss, stat
+
+
+def ppo_critic_loss_fn(
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    target_value: torch.Tensor,
+    value_eps_clip: float,
+    loss_mask: torch.Tensor | None = None,
+    loss_fn_type: str = "mse",
+) -> tuple[torch.Tensor, Stat]:
+    """AReaL's clipped value loss ``max(err(v, R), err(clip(v, old +- eps), R))``, ``err``
+    ``0.5 (v - R)^2`` ("mse") or the Huber loss with delta 10 ("huber"); the mean over
+    ``loss_mask`` (over every element without one). Float32 tensors of any one shape.
+
+    Returns:
+        ``(loss, stat)``: ``stat`` holds the per-element ``clip_mask`` (the clipped term is
+        the larger, on the mask) and ``loss``.
+    Raises:
+        ContractError: a tensor is not float32 (AReaL asserts it).
+        NotImplementedError: an unknown ``loss_fn_type``.
+    """
+    for name, t in (("value", value), ("old_value", old_value), ("target_value", target_value)):
+        if t.dtype != torch.float32:
+            raise ContractError(f"{name} must be torch.float32, got {t.dtype}")
+    if loss_fn_type not in VALUE_LOSS_TYPES:
+        raise NotImplementedError(f"Unknown loss fn type: {loss_fn_type}")
+    token_loss, clip = critic_token_terms(
+        value, old_value, target_value, value_eps_clip, loss_fn_type
+    )
+    mask = torch.ones_like(clip) if loss_mask is None else loss_mask.bool()
+    loss = agg_loss(token_loss, mask, mask)
+    return loss, {"clip_mask": clip & mask, "loss": token_loss.detach()}
 
 
 def _get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
@@ -108,10 +443,10 @@ def _apply_m2po_masking(
     loss_mask: torch.Tensor,
     m2_threshold: float,
 ) -> torch.Tensor:
-    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool ``[B, T]``, False outside
-    ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
-    statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
-    the same)."""
+    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool, ``loss_mask``'s shape, False
+    outside it) of one batch over every valid token, which the caller passes to the loss as
+    its ``loss_mask``: :func:`m2po.m2po_mask` without its statistics, with AReaL's name
+    ``old_logp`` for its ``behave_logp``."""
     return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]
 
 

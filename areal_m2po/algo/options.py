@@ -21,6 +21,7 @@ __all__ = [
     "REJECTION_ACTIONS",
     "REJECTION_AGGS",
     "REJECTION_METRICS",
+    "VALUE_LOSS_TYPES",
     "rejection_sampling_problem",
 ]
 
@@ -34,6 +35,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ADV_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_pp")
 M2_TOKEN_SETS = ("all", "trust_region")
 """M2PO's candidate sets: every valid token, or those in PPO's trust-region quadrants."""
+VALUE_LOSS_TYPES = ("mse", "huber")
+"""The value loss's error: squared (mse) or Huber."""
 
 
 def rejection_sampling_problem(

@@ -31,11 +31,19 @@ from areal_m2po.algo.policy_ratio import policy_ratio
 from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
 from areal_m2po.algo.rejection_sampling import (
     RejectionSampling,
-    apply_rejection_sampling,
     as_rejection_sampling,
+    behaviour_weight,
 )
 
-__all__ = ["PPOLossSpec", "ppo_actor_loss"]
+__all__ = [
+    "PPOLossSpec",
+    "PolicyLossTerms",
+    "clipped_pg",
+    "policy_loss_stats",
+    "ppo_actor_loss",
+    "ppo_token_terms",
+    "prepared_inputs",
+]
 
 
 @dataclass(frozen=True)
@@ -90,55 +98,79 @@ class PPOLossSpec:
         return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
 
 
-def _behaviour_weight(
-    rs: RejectionSampling | None,
-    prox: torch.Tensor,
-    behave: torch.Tensor,
-    valid: torch.Tensor,
-    cand: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(w, keep, affected)``: the behaviour weight ``exp(prox - behave)`` (bounded by ``rs``), the
-    numerator tokens and the tokens rejected or clamped, all ``[B, T]``. ``cand`` are the valid
-    tokens M2PO kept; tokens outside it keep their raw weight (for the statistics)."""
-    log_w = torch.where(valid, prox - behave, 0.0)
-    if rs is None:
-        return torch.exp(log_w), cand, torch.zeros_like(valid)
-    keep_rs, w, affected = apply_rejection_sampling(
-        rs, torch.where(cand, log_w, 0.0), cand, prox, behave
-    )
-    return torch.where(cand, w, torch.exp(log_w)), cand & keep_rs, affected
+@dataclass(frozen=True)
+class PolicyLossTerms:
+    """The per-token pieces of a policy-gradient loss on one micro-batch, all ``[B, T]``:
+    what :func:`agg_loss` aggregates and what the statistics read.
+
+    Attributes:
+        token_loss: float, the token's loss before aggregation (behaviour weight applied);
+            carries the gradient. Read only on ``keep`` tokens.
+        valid: bool, the ``loss_mask`` (the denominators count these).
+        keep: bool, the numerator tokens: valid, kept by M2PO and by rejection sampling.
+        ratio: float (detached), the policy ratio the token's loss uses (GSPO: its row's
+            sequence ratio); 1 outside ``valid``.
+        advantages: float (detached), the advantage the token's loss uses (GSPO: its row's
+            mean over kept tokens); 0 outside ``valid``.
+        clip_active, dual_active: bool, tokens on the clipped / dual-clip branch (CISPO:
+            ``clip_active`` marks ratios outside the clip band; no dual clip).
+        behave_weight: float (detached), ``w = pi_prox / pi_behave`` (bounded by rejection
+            sampling on the candidate tokens, raw elsewhere in ``valid``).
+        rejected: bool, the candidate tokens rejection sampling dropped or whose weight it
+            clamped.
+        approx_kl: float (detached), ``prox_logp - logp``.
+        behave_approx_kl: float (detached), ``behave_logp - prox_logp``.
+    """
+
+    token_loss: torch.Tensor
+    valid: torch.Tensor
+    keep: torch.Tensor
+    ratio: torch.Tensor
+    advantages: torch.Tensor
+    clip_active: torch.Tensor
+    dual_active: torch.Tensor
+    behave_weight: torch.Tensor
+    rejected: torch.Tensor
+    approx_kl: torch.Tensor
+    behave_approx_kl: torch.Tensor
 
 
-def _clipped_pg(
-    ratio: torch.Tensor, adv: torch.Tensor, spec: PPOLossSpec
+def clipped_pg(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_clip: float,
+    eps_clip_higher: float,
+    c_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(pg, clip_active, dual_active)``: the clipped (dual-clipped) token policy loss and the
-    bool ``[B, T]`` tokens on its clipped / dual-clip branch."""
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - spec.eps_clip, 1.0 + spec.eps_clip_upper)
+    """The (dual-)clipped policy-gradient loss of every element, elementwise on any shape.
+
+    ``pg = max(-A r, -A clamp(r, 1 - eps_clip, 1 + eps_clip_higher))``; with ``c_clip``,
+    elements with ``A < 0`` get ``min(pg, -A c_clip)``. Returns ``(pg, clip_active,
+    dual_active)``: the loss and the bool elements on the clipped / dual-clip branch.
+    """
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_higher)
     clip_active = pg2.detach() > pg1.detach()
     pg = torch.maximum(pg1, pg2)
-    if spec.c_clip is None:
+    if c_clip is None:
         return pg, clip_active, torch.zeros_like(clip_active)
-    pg3 = -adv * float(spec.c_clip)
-    dual_active = (adv < 0) & (pg3 < pg.detach())
+    pg3 = -advantages * float(c_clip)
+    dual_active = (advantages < 0) & (pg3 < pg.detach())
     return torch.where(dual_active, pg3, pg), clip_active, dual_active
 
 
 @torch.no_grad()
-def _ppo_stats(
-    loss: torch.Tensor,
-    valid: torch.Tensor,
-    fractions: dict[str, torch.Tensor],
-    ratio: torch.Tensor,
-    w: torch.Tensor,
-    approx_kl: tuple[torch.Tensor, torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    """The loss statistics: ``fractions`` (bool ``[B, T]`` masks) and ``approx_kl`` (``[B, T]``
-    proximal - current and behaviour - proximal) are averaged over the valid tokens."""
+def policy_loss_stats(loss: torch.Tensor, terms: PolicyLossTerms) -> dict[str, torch.Tensor]:
+    """The reduced statistics of a policy loss (detached 0-dim float32; means over the valid
+    tokens unless the name says otherwise): ``actor/clip_fraction``,
+    ``actor/dual_clip_fraction`` (kept tokens on that branch, over valid tokens),
+    ``actor/importance_weight`` (+ ``_max``, ``_min``), ``actor/approx_kl`` (proximal -
+    current), ``actor/behave_imp_weight`` (+ ``_max``), ``actor/behave_approx_kl`` (behave -
+    proximal), ``actor/rejected_fraction`` (valid tokens rejected, or whose weight was
+    clamped), ``actor/pg_loss``."""
     dev = loss.device
+    valid = terms.valid
     n_valid = valid.sum().clamp(min=1)
-    r = ratio.detach()
     has_valid = bool(valid.any())
 
     def _mean(x: torch.Tensor) -> torch.Tensor:
@@ -149,20 +181,93 @@ def _ppo_stats(
             return stat_scalar(0.0, dev)
         return stat_scalar(getattr(x[valid], fn)(), dev)
 
-    frac = {k: stat_scalar(m.sum() / n_valid, dev) for k, m in fractions.items()}
+    def _frac(m: torch.Tensor) -> torch.Tensor:
+        return stat_scalar(m.sum() / n_valid, dev)
+
+    r, w = terms.ratio, terms.behave_weight
     return {
-        "actor/clip_fraction": frac["actor/clip_fraction"],
-        "actor/dual_clip_fraction": frac["actor/dual_clip_fraction"],
+        "actor/clip_fraction": _frac(terms.clip_active & terms.keep),
+        "actor/dual_clip_fraction": _frac(terms.dual_active & terms.keep),
         "actor/importance_weight": _mean(r),
         "actor/importance_weight_max": _ext(r, "max"),
         "actor/importance_weight_min": _ext(r, "min"),
-        "actor/approx_kl": _mean(approx_kl[0]),
+        "actor/approx_kl": _mean(terms.approx_kl),
         "actor/behave_imp_weight": _mean(w),
         "actor/behave_imp_weight_max": _ext(w, "max"),
-        "actor/behave_approx_kl": _mean(approx_kl[1]),
-        "actor/rejected_fraction": frac["actor/rejected_fraction"],
+        "actor/behave_approx_kl": _mean(terms.behave_approx_kl),
+        "actor/rejected_fraction": _frac(terms.rejected),
         "actor/pg_loss": stat_scalar(loss, dev),
     }
+
+
+def prepared_inputs(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    spec: PPOLossSpec,
+    m2po_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The checked inputs of a policy loss (one-line TypeError / ValueError otherwise) in its
+    compute dtype: ``(lp, prox, behave, adv, valid, cand)``, with ``prox``, ``behave`` and
+    ``adv`` detached, ``adv`` 0 outside ``loss_mask``, ``valid`` the ``loss_mask`` and ``cand``
+    the valid tokens M2PO kept."""
+    check_loss_inputs(
+        loss_mask,
+        m2po_mask,
+        spec.loss_agg_mode,
+        logp=logp,
+        prox_logp=prox_logp,
+        behave_logp=behave_logp,
+        advantages=advantages,
+    )
+    dtype = compute_dtype(logp, prox_logp, behave_logp, advantages)
+    valid = loss_mask
+    adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
+    cand = valid if m2po_mask is None else valid & m2po_mask
+    return (
+        logp.to(dtype),
+        prox_logp.detach().to(dtype),
+        behave_logp.detach().to(dtype),
+        adv,
+        valid,
+        cand,
+    )
+
+
+def ppo_token_terms(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    spec: PPOLossSpec,
+    m2po_mask: torch.Tensor | None = None,
+) -> PolicyLossTerms:
+    """The per-token terms of :func:`ppo_actor_loss` (same arguments), before aggregation."""
+    lp, prox, behave, adv, valid, cand = prepared_inputs(
+        logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask
+    )
+    rs = as_rejection_sampling(spec.rejection_sampling)  # already one: returned as it is
+    w, keep, affected = behaviour_weight(rs, prox, behave, valid, cand)
+    ratio, adv = policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
+    pg, clip_active, dual_active = clipped_pg(
+        ratio, adv, spec.eps_clip, spec.eps_clip_upper, spec.c_clip
+    )
+    return PolicyLossTerms(
+        token_loss=pg * w,
+        valid=valid,
+        keep=keep,
+        ratio=ratio.detach(),
+        advantages=adv,
+        clip_active=clip_active,
+        dual_active=dual_active,
+        behave_weight=w,
+        rejected=affected,
+        approx_kl=prox - lp.detach(),
+        behave_approx_kl=behave - prox,
+    )
 
 
 def ppo_actor_loss(
@@ -177,7 +282,7 @@ def ppo_actor_loss(
     """Clipped (decoupled) PPO policy loss with dual clip, GSPO, rejection sampling and M2PO.
 
     Per valid token: ``r = exp(logp - prox_logp)`` (or the GSPO sequence ratio,
-    see :func:`_policy_ratio`), ``pg1 = -A r``, ``pg2 = -A clamp(r, 1 - eps_clip,
+    see :func:`~areal_m2po.algo.policy_ratio.policy_ratio`), ``pg1 = -A r``, ``pg2 = -A clamp(r, 1 - eps_clip,
     1 + (eps_clip_higher or eps_clip))``, ``loss = max(pg1, pg2)``; with ``c_clip`` tokens with
     ``A < 0`` get ``min(loss, -A c_clip)``. The loss is multiplied by the detached behaviour
     weight ``w = exp(prox_logp - behave_logp)`` (1 when proximal == behaviour: pass
@@ -202,31 +307,8 @@ def ppo_actor_loss(
         (+ ``_max``), ``actor/behave_approx_kl`` (behave - proximal), ``actor/rejected_fraction``
         (valid tokens rejected, or whose weight was clamped), ``actor/pg_loss``.
     """
-    check_loss_inputs(
-        loss_mask,
-        m2po_mask,
-        spec.loss_agg_mode,
-        logp=logp,
-        prox_logp=prox_logp,
-        behave_logp=behave_logp,
-        advantages=advantages,
+    terms = ppo_token_terms(logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask)
+    loss = agg_loss(
+        terms.token_loss, terms.keep, terms.valid, spec.loss_agg_mode, spec.max_tokens_norm
     )
-    dtype = compute_dtype(logp, prox_logp, behave_logp, advantages)
-    valid = loss_mask
-    lp = logp.to(dtype)
-    prox = prox_logp.detach().to(dtype)
-    behave = behave_logp.detach().to(dtype)
-    adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
-    cand = valid if m2po_mask is None else valid & m2po_mask
-    rs = as_rejection_sampling(spec.rejection_sampling)  # already one: returned as it is
-    w, keep, affected = _behaviour_weight(rs, prox, behave, valid, cand)
-    ratio, adv = policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
-    pg, clip_active, dual_active = _clipped_pg(ratio, adv, spec)
-    loss = agg_loss(pg * w, keep, valid, spec.loss_agg_mode, spec.max_tokens_norm)
-    fractions = {
-        "actor/clip_fraction": clip_active & keep,
-        "actor/dual_clip_fraction": dual_active & keep,
-        "actor/rejected_fraction": affected,
-    }
-    kl_terms = (prox - lp.detach(), behave - prox)
-    return loss, _ppo_stats(loss, valid, fractions, ratio, w, kl_terms)
+    return loss, policy_loss_stats(loss, terms)

@@ -22,7 +22,12 @@ import torch
 from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.algo.options import rejection_sampling_problem
 
-__all__ = ["RejectionSampling", "apply_rejection_sampling", "as_rejection_sampling"]
+__all__ = [
+    "RejectionSampling",
+    "apply_rejection_sampling",
+    "as_rejection_sampling",
+    "behaviour_weight",
+]
 
 
 @dataclass(frozen=True)
@@ -151,3 +156,29 @@ def apply_rejection_sampling(
         return keep, w, cand & ~keep
     w_new = torch.where(ok, w, w.clamp(min=lower, max=upper))
     return torch.ones_like(cand), w_new, cand & (w_new != w)
+
+
+def behaviour_weight(
+    rs: RejectionSampling | None,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
+    valid: torch.Tensor,
+    cand: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(w, keep, affected)``, all ``[B, T]``: the behaviour weight ``exp(prox - behave)``
+    (bounded by ``rs`` on the candidate tokens), the numerator tokens (``cand`` less those
+    ``rs`` rejects) and the candidate tokens rejected or clamped.
+
+    Args:
+        rs: the rejection-sampling options, or None (no bound, nothing rejected).
+        prox_logp, behave_logp: float ``[B, T]`` proximal / behaviour log-probs (detached).
+        valid: bool ``[B, T]``, the loss mask; ``cand``: its tokens M2PO kept. Tokens of
+            ``valid`` outside ``cand`` keep their raw weight (for the statistics).
+    """
+    log_w = torch.where(valid, prox_logp - behave_logp, 0.0)
+    if rs is None:
+        return torch.exp(log_w), cand, torch.zeros_like(valid)
+    keep_rs, w, affected = apply_rejection_sampling(
+        rs, torch.where(cand, log_w, 0.0), cand, prox_logp, behave_logp
+    )
+    return torch.where(cand, w, torch.exp(log_w)), cand & keep_rs, affected

@@ -9,6 +9,8 @@ imports only torch and the other modules of :mod:`areal_m2po.algo`; it keeps no 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from areal_m2po.algo.aggregation import agg_loss, check_loss_inputs
@@ -17,7 +19,80 @@ from areal_m2po.algo.options import IMPORTANCE_SAMPLING_LEVELS
 from areal_m2po.algo.policy_ratio import policy_ratio
 from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
 
-__all__ = ["sapo_loss"]
+__all__ = ["SapoTerms", "sapo_gate", "sapo_loss", "sapo_token_terms"]
+
+
+def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+    """SAPO's scaled soft gate ``(4 / tau) * sigmoid(tau * (ratio - 1))``, elementwise (``tau``
+    a number or a tensor broadcastable to ``ratio``). Its derivative in ``ratio`` is
+    ``4 s (1 - s)`` with ``s`` the sigmoid: 1 at ``ratio = 1``."""
+    return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
+
+
+@dataclass(frozen=True)
+class SapoTerms:
+    """The per-token pieces of :func:`sapo_loss`, all ``[B, T]``: ``token_loss`` (float,
+    carries the gradient; read on ``keep`` only), ``valid`` (bool, the loss mask), ``keep``
+    (bool, valid and kept by M2PO), ``ratio`` and ``advantages`` (detached; GSPO: the row's
+    sequence ratio and mean advantage; 1 and 0 outside ``valid``), ``gate`` (detached, the
+    gradient weight ``4 s (1 - s)``) and ``approx_kl`` (detached, ``prox_logp - logp``)."""
+
+    token_loss: torch.Tensor
+    valid: torch.Tensor
+    keep: torch.Tensor
+    ratio: torch.Tensor
+    advantages: torch.Tensor
+    gate: torch.Tensor
+    approx_kl: torch.Tensor
+
+
+def sapo_token_terms(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    tau_pos: float,
+    tau_neg: float,
+    loss_mask: torch.Tensor,
+    m2po_mask: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    *,
+    importance_sampling_level: str = "token",
+) -> SapoTerms:
+    """The per-token terms of :func:`sapo_loss` (same arguments), before aggregation."""
+    check_loss_inputs(
+        loss_mask,
+        m2po_mask,
+        loss_agg_mode,
+        logp=logp,
+        prox_logp=prox_logp,
+        advantages=advantages,
+    )
+    tp = check_real("tau_pos", tau_pos)
+    tn = check_real("tau_neg", tau_neg)
+    if not tp > 0:
+        raise ValueError(f"tau_pos must be > 0, got {tp}")
+    if not tn > 0:
+        raise ValueError(f"tau_neg must be > 0, got {tn}")
+    check_choice("importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+    dtype = compute_dtype(logp, prox_logp, advantages)
+    valid = loss_mask
+    keep = valid if m2po_mask is None else valid & m2po_mask
+    lp = logp.to(dtype)
+    ref = prox_logp.detach().to(dtype)
+    adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
+    ratio, adv = policy_ratio(lp, ref, adv, valid, keep, importance_sampling_level)
+    tau = torch.where(adv > 0, tp, tn).to(dtype)
+    s = torch.sigmoid(tau * (ratio.detach() - 1.0))
+    return SapoTerms(
+        # the product in this order: the trainer's loss, bit for bit as before the terms split
+        token_loss=-adv * (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)),
+        valid=valid,
+        keep=keep,
+        ratio=ratio.detach(),
+        advantages=adv,
+        gate=4.0 * s * (1.0 - s),
+        approx_kl=ref - lp.detach(),
+    )
 
 
 def sapo_loss(
@@ -51,44 +126,29 @@ def sapo_loss(
         ``sapo/soft_gate_fraction`` (valid tokens with ``g < 0.5``),
         ``actor/importance_weight``, ``actor/approx_kl`` (proximal - current), ``actor/pg_loss``.
     """
-    check_loss_inputs(
+    terms = sapo_token_terms(
+        logp,
+        prox_logp,
+        advantages,
+        tau_pos,
+        tau_neg,
         loss_mask,
         m2po_mask,
         loss_agg_mode,
-        logp=logp,
-        prox_logp=prox_logp,
-        advantages=advantages,
+        importance_sampling_level=importance_sampling_level,
     )
-    tp = check_real("tau_pos", tau_pos)
-    tn = check_real("tau_neg", tau_neg)
-    if not tp > 0:
-        raise ValueError(f"tau_pos must be > 0, got {tp}")
-    if not tn > 0:
-        raise ValueError(f"tau_neg must be > 0, got {tn}")
-    check_choice("importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-    dtype = compute_dtype(logp, prox_logp, advantages)
-    valid = loss_mask
-    keep = valid if m2po_mask is None else valid & m2po_mask
-    lp = logp.to(dtype)
-    ref = prox_logp.detach().to(dtype)
-    adv = torch.where(valid, advantages.detach().to(dtype), 0.0)
-    ratio, adv = policy_ratio(lp, ref, adv, valid, keep, importance_sampling_level)
-    tau = torch.where(adv > 0, tp, tn).to(dtype)
-    s = torch.sigmoid(tau * (ratio - 1.0))
-    token_loss = -adv * (4.0 / tau) * s
-    loss = agg_loss(token_loss, keep, valid, loss_agg_mode, max_tokens_norm)
+    valid = terms.valid
+    loss = agg_loss(terms.token_loss, terms.keep, valid, loss_agg_mode, max_tokens_norm)
     with torch.no_grad():
         dev = logp.device
         n_valid = valid.sum().clamp(min=1)
-        sd = s.detach()
-        gate = 4.0 * sd * (1.0 - sd)
-        r = ratio.detach()
+        gate = terms.gate
         stats = {
             "sapo/gate_mean": stat_scalar(masked_sum(gate, valid) / n_valid, dev),
             "sapo/gate_min": stat_scalar(gate[valid].min() if bool(valid.any()) else 0.0, dev),
             "sapo/soft_gate_fraction": stat_scalar((valid & (gate < 0.5)).sum() / n_valid, dev),
-            "actor/importance_weight": stat_scalar(masked_sum(r, valid) / n_valid, dev),
-            "actor/approx_kl": stat_scalar(masked_sum(ref - lp.detach(), valid) / n_valid, dev),
+            "actor/importance_weight": stat_scalar(masked_sum(terms.ratio, valid) / n_valid, dev),
+            "actor/approx_kl": stat_scalar(masked_sum(terms.approx_kl, valid) / n_valid, dev),
             "actor/pg_loss": stat_scalar(loss, dev),
         }
     return loss, stats

@@ -227,7 +227,9 @@ def _host_mmap_threshold_field() -> Any:
 class OptimizerConfig:
     """Optimizer and learning-rate schedule of a trainable model."""
 
-    type: str = _field("adamw", "Optimizer.", choices=("adamw", "sgd"))
+    type: str = _field(
+        "adamw", "Optimizer (AReaL key: type 'adam', which is AdamW).", choices=("adamw", "sgd")
+    )
     lr: float = _field(1e-5, "Peak learning rate.")
     weight_decay: float = _field(0.0, "Decoupled weight decay (AdamW).")
     beta1: float = _field(0.9, "Adam beta1 (SGD momentum when type=sgd).")
@@ -384,7 +386,9 @@ class TrainedModelConfig:
         "local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
-    attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel (AReaL key: attn_impl).", choices=ATTN_IMPLEMENTATIONS
+    )
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
 
     def __post_init__(self) -> None:
@@ -402,7 +406,9 @@ class TrainEngineConfig(TrainedModelConfig):
         "Data parallelism over the processes of `accelerate launch`: 'ddp' (every process holds "
         "the whole model, its gradients and optimizer state) or 'fsdp2' (all three sharded "
         "over the processes with torch.distributed.fsdp.fully_shard, one unit per decoder "
-        "layer plus the root; needs `accelerate launch --multi_gpu --num_processes N`, N >= 2).",
+        "layer plus the root; needs `accelerate launch --multi_gpu --num_processes N`, N >= 2). "
+        "AReaL key: its backend string 'fsdp:dN' maps to fsdp2 (ddp for d1) and "
+        "data_parallel_size N.",
         choices=BACKENDS,
     )
     fsdp: FSDPEngineConfig = _section(FSDPEngineConfig, "FSDP2 settings (backend: fsdp2).")
@@ -413,10 +419,26 @@ class TrainEngineConfig(TrainedModelConfig):
         "Train LoRA adapters instead of every weight (null: full fine-tuning). Works with "
         "backend ddp and fsdp2.",
     )
+    disable_dropout: bool = _field(
+        False,
+        "AReaL key: set every dropout probability of the model to 0 (nn.Dropout modules and "
+        "the attention/hidden dropout rates), so training forwards are deterministic like the "
+        "log-prob forwards. false: the model's own dropout applies while training.",
+    )
+    data_parallel_size: int | None = _field(
+        None,
+        "AReaL key (the d of an AReaL backend string, actor.backend: 'fsdp:d4p1t1'): the run "
+        "must have exactly this many processes (accelerate launch --num_processes N), checked "
+        "before any model loads; null: any number.",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _validate_section(self, "lora", LoRAConfig, optional=True)
+        _check_bool("disable_dropout", self.disable_dropout)
+        _check_number(
+            "data_parallel_size", self.data_parallel_size, ge=1, integer=True, optional=True
+        )
         _validate_section(self, "fsdp", FSDPEngineConfig)
         _validate_section(self, "optimizer", OptimizerConfig)
         _validate_section(self, "mb_spec", MicroBatchSpec)
@@ -569,6 +591,14 @@ class ActorConfig(TrainEngineConfig):
     )
     sapo_tau_pos: float = _field(1.0, "SAPO gate temperature for positive advantages.")
     sapo_tau_neg: float = _field(1.05, "SAPO gate temperature for negative advantages.")
+    use_cispo_loss: bool = _field(
+        False,
+        "Use the CISPO loss (MiniMax-M1) instead of the clipped PPO loss: each token's "
+        "importance weight is clipped to [1-eps_clip, 1+eps_clip_higher] and held constant "
+        "(no gradient) while its log-prob keeps its gradient, so clipped tokens still learn. "
+        "Needs eps_clip_higher > 0 (MiniMax-M1 sets no lower bound: eps_clip >= 1); token "
+        "level only; exclusive with use_sapo_loss. AReaL key.",
+    )
     use_decoupled_loss: bool = _field(
         False,
         "Decoupled PPO: clip against the proximal policy and weight by pi_prox/pi_behave.",
@@ -586,7 +616,9 @@ class ActorConfig(TrainEngineConfig):
         choices=("recompute", "loglinear"),
     )
     rejection_sampling: RejectionSamplingConfig | None = _field(
-        None, "Masked/truncated importance sampling of the behaviour weight (null = off)."
+        None,
+        "Masked/truncated importance sampling of the behaviour weight (null = off). AReaL's "
+        "removed behave_imp_weight_cap (and _mode) map here.",
     )
     use_behave_imp_weight: bool = _field(
         True,
@@ -710,6 +742,7 @@ class ActorConfig(TrainEngineConfig):
         _check_number("eps_clip_higher", self.eps_clip_higher, ge=0, optional=True)
         _check_number("c_clip", self.c_clip, gt=1, optional=True)
         _check_bool("use_sapo_loss", self.use_sapo_loss)
+        _check_bool("use_cispo_loss", self.use_cispo_loss)
         _check_str("loss_fn", self.loss_fn, optional=True)
         _check_number("sapo_tau_pos", self.sapo_tau_pos, gt=0)
         _check_number("sapo_tau_neg", self.sapo_tau_neg, gt=0)
@@ -798,6 +831,35 @@ class ActorConfig(TrainEngineConfig):
             raise ConfigError(
                 "c_clip", "dual clipping belongs to the clipped PPO loss; SAPO has none (set null)"
             )
+        self._check_cispo()
+
+    def _check_cispo(self) -> None:
+        """CISPO's own constraints (AReaL's): exclusive with SAPO, a positive upper clip, token
+        level, no dual clip."""
+        if not self.use_cispo_loss:
+            return
+        if self.use_sapo_loss:
+            raise ConfigError(
+                "use_cispo_loss",
+                "CISPO and SAPO are mutually exclusive surrogates: set at most one of "
+                "use_cispo_loss / use_sapo_loss",
+            )
+        if self.eps_clip_higher is None or not self.eps_clip_higher > 0:
+            raise ConfigError(
+                "eps_clip_higher",
+                "CISPO clips its importance weight to [1-eps_clip, 1+eps_clip_higher] and needs "
+                f"a positive eps_clip_higher (e.g. eps_clip=1.0, eps_clip_higher=4.0: no lower "
+                f"bound, as MiniMax-M1), got {self.eps_clip_higher!r}",
+            )
+        if self.importance_sampling_level != "token":
+            raise ConfigError(
+                "importance_sampling_level",
+                "CISPO only supports 'token' (a sequence-level CISPO has no published surrogate)",
+            )
+        if self.c_clip is not None:
+            raise ConfigError(
+                "c_clip", "dual clipping belongs to the clipped PPO loss; CISPO has none (set null)"
+            )
 
 
 PPOActorConfig = ActorConfig
@@ -821,14 +883,39 @@ class CriticConfig(TrainEngineConfig):
 
 @dataclass
 class RefConfig:
-    """Frozen reference policy for the KL penalty (loaded only when actor.kl_ctl > 0)."""
+    """Frozen reference policy for the KL penalty (loaded only when actor.kl_ctl > 0). It runs
+    in eval mode (no dropout) with the actor's backend; AReaL's ref section maps here."""
 
     path: str | None = _field(None, "Reference model path (null: actor.path).")
     dtype: str = _field("float32", "Reference parameter dtype.", choices=DTYPES)
+    attn_implementation: str | None = _field(
+        None,
+        "Attention kernel of the reference (AReaL key: ref.attn_impl; null: "
+        "actor.attn_implementation).",
+        choices=(None, *ATTN_IMPLEMENTATIONS),
+    )
+    mb_spec: MicroBatchSpec | None = _field(
+        None,
+        "Micro-batch split of the reference's log-prob forward (AReaL key: ref.mb_spec; null: "
+        "actor.mb_spec).",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
+        _validate_section(self, "mb_spec", MicroBatchSpec, optional=True)
+
+    def engine_config(self, actor: TrainEngineConfig) -> TrainEngineConfig:
+        """The frozen engine's config: this section's model, kernel and micro-batch split
+        (the actor's where null), sharded like the actor."""
+        return TrainEngineConfig(
+            path=self.path or actor.path,
+            dtype=self.dtype,
+            attn_implementation=self.attn_implementation or actor.attn_implementation,
+            backend=actor.backend,
+            fsdp=actor.fsdp,
+            mb_spec=self.mb_spec or actor.mb_spec,
+        )
 
 
 @dataclass
@@ -905,10 +992,17 @@ class GenerationConfig:
     top_k: int = _field(0, "Top-k sampling (0 = off).")
     greedy: bool = _field(False, "Greedy decoding instead of sampling.")
     stop: list[str] | None = _field(None, "Extra stop strings (EOS always stops).")
+    max_tokens: int | None = _field(
+        None,
+        "AReaL key: the most tokens a sequence may hold, prompt plus completion: each request "
+        "generates at most min(max_new_tokens, max_tokens - its prompt length) tokens (null: "
+        "no cap beyond max_new_tokens).",
+    )
 
     def __post_init__(self) -> None:
         _check_number("n_samples", self.n_samples, ge=1, integer=True)
         _check_number("max_new_tokens", self.max_new_tokens, ge=1, integer=True)
+        _check_number("max_tokens", self.max_tokens, ge=2, integer=True, optional=True)
         _check_number("min_new_tokens", self.min_new_tokens, ge=0, integer=True)
         if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError(
@@ -937,18 +1031,20 @@ class VLLMConfig:
         choices=(None, "in_process", "servers"),
     )
     dtype: str | None = _field(
-        None, "vLLM --dtype (null: actor.dtype).", choices=(None, "float32", "bfloat16", "float16")
+        None,
+        "vLLM --dtype (null: actor.dtype; AReaL key: vllm.dtype).",
+        choices=(None, "float32", "bfloat16", "float16"),
     )
     max_model_len: int | None = _field(
         None,
         "Context length vLLM reserves for; at least the episode budget (null: "
-        "rollout.max_episode_tokens, as set or derived).",
+        "rollout.max_episode_tokens, as set or derived; AReaL key: vllm.max_model_len).",
     )
     kv_cache_gib: int = _field(1, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float | None = _field(
         None,
         "CUDA only: GPU memory share of each engine (null: 0.3 in process, beside the trainer; "
-        "0.9 for servers on GPUs of their own).",
+        "0.9 for servers on GPUs of their own; AReaL key: vllm.gpu_memory_utilization).",
     )
     enable_sleep_mode: bool = _field(
         False,
@@ -1010,7 +1106,9 @@ class RolloutConfig:
         "0). sync mode: the lag is exact (staleness); if set it must be >= staleness.",
     )
     dynamic_filtering: bool = _field(
-        False, "Drop groups whose rewards are all equal (they carry no GRPO signal)."
+        False,
+        "Drop groups whose rewards are all equal (they carry no GRPO signal; AReaL key: "
+        "actor.dynamic_sampling).",
     )
     workflow: str = _field(
         "rlvr",
@@ -1044,7 +1142,8 @@ class RolloutConfig:
         "hf",
         "The inference engine: hf (sync: Hugging Face generate in process; async: our rollout "
         "servers or SGLang's) or vllm (rollout.vllm: in process or vLLM servers; needs "
-        "bash scripts/install.sh --vllm).",
+        "bash scripts/install.sh --vllm). AReaL key: its backend strings 'sglang:dN' / "
+        "'vllm:dN' map to hf / vllm, mode async and N servers (docs/areal_parity.md).",
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
@@ -1073,7 +1172,20 @@ class RolloutConfig:
     max_concurrent_rollouts: int | None = _field(
         None,
         "async mode: sample requests in flight at most (null: one training batch, "
-        "train_dataset.batch_size x gconfig.n_samples).",
+        "train_dataset.batch_size x gconfig.n_samples). AReaL's key of the same name counts "
+        "prompt groups; an AReaL file's value is multiplied by gconfig.n_samples.",
+    )
+    consumer_batch_size: int | None = _field(
+        None,
+        "AReaL key: prompt groups the trainer takes per step. This trainer trains each step on "
+        "one loader batch, so it must equal train_dataset.batch_size (null: that).",
+    )
+    queue_size: int | None = _field(
+        None,
+        "AReaL key, async mode: prompt groups started but not yet trained on, at most (the "
+        "rollouts queued for the trainer and those generating). The capacity rule of "
+        "max_head_offpolicyness already keeps them within (max_head_offpolicyness + 1) x "
+        "train_dataset.batch_size, so a value must be at least that (null: that bound).",
     )
     setup_timeout: float = _field(
         120.0, "async mode: seconds to wait for the servers to answer /health at start."
@@ -1166,6 +1278,8 @@ class RolloutConfig:
             integer=True,
             optional=True,
         )
+        for name in ("consumer_batch_size", "queue_size"):
+            _check_number(name, getattr(self, name), ge=1, integer=True, optional=True)
         for name in ("setup_timeout", "request_timeout", "health_check_interval"):
             _check_number(name, getattr(self, name), gt=0)
         _check_number("health_check_timeout", self.health_check_timeout, gt=0)
@@ -1220,7 +1334,9 @@ class DatasetConfig:
     split: str = _field("train", "Split to load.")
     batch_size: int = _field(8, "Prompts per training step (global, across ranks).")
     shuffle: bool = _field(True, "Shuffle every epoch (seeded).")
-    max_prompt_length: int = _field(256, "Prompts longer than this many tokens are dropped.")
+    max_prompt_length: int = _field(
+        256, "Prompts longer than this many tokens are dropped (AReaL key: max_length)."
+    )
     max_samples: int | None = _field(None, "Use at most this many records (null: all).")
     prompt_field: str = _field("question", "Record field holding the question.")
     answer_field: str = _field("answer", "Record field holding the reference answer.")
@@ -1328,47 +1444,84 @@ class RewardConfig:
 # ---------------------------------------------------------------------------------------------
 
 
+def _freq_epochs_field(what: str) -> Any:
+    return _field(
+        None,
+        f"AReaL key: {what} after the last step of every N-th epoch (null: not by epochs).",
+    )
+
+
+def _freq_secs_field(what: str) -> Any:
+    return _field(
+        None,
+        f"AReaL key: {what} after the first step that ends N or more seconds after the last "
+        "time (or the start of training); all processes decide together (null: not by time).",
+    )
+
+
+def _check_cadence(section: Any) -> None:
+    """``freq_steps``/``freq_epochs`` integers >= 1, ``freq_secs`` > 0, each or null."""
+    for name in ("freq_steps", "freq_epochs"):
+        _check_number(name, getattr(section, name), ge=1, integer=True, optional=True)
+    _check_number("freq_secs", section.freq_secs, gt=0, optional=True)
+
+
 @dataclass
 class SaverConfig:
-    """Hugging Face-format saves of the policy (save_pretrained + tokenizer)."""
+    """Hugging Face-format saves of the policy (save_pretrained + tokenizer). A save is due
+    when any of ``freq_steps``, ``freq_epochs`` and ``freq_secs`` says so."""
 
     freq_steps: int | None = _field(None, "Save every N steps (null: only at the end).")
+    freq_epochs: int | None = _freq_epochs_field("save")
+    freq_secs: float | None = _freq_secs_field("save")
     save_at_end: bool = _field(True, "Save when training finishes.")
 
     def __post_init__(self) -> None:
-        _check_number("freq_steps", self.freq_steps, ge=1, integer=True, optional=True)
+        _check_cadence(self)
         _check_bool("save_at_end", self.save_at_end)
 
 
 @dataclass
 class RecoverConfig:
-    """Full-state checkpoints for resuming a run that died."""
+    """Full-state checkpoints for resuming a run that died. A checkpoint is due (after a good
+    step, unless ``mode`` is disabled) when any of ``freq_steps``, ``freq_epochs`` and
+    ``freq_secs`` says so."""
 
     mode: str = _field(
         "disabled",
         "disabled: never resume; auto: resume if a checkpoint exists in output_dir; "
-        "resume: resume and fail if there is none.",
+        "resume: resume and fail if there is none (AReaL key: its on / off are auto / "
+        "disabled).",
         choices=("disabled", "auto", "resume"),
     )
-    freq_steps: int = _field(10, "Write a recover checkpoint every N steps.")
+    freq_steps: int | None = _field(
+        10, "Write a recover checkpoint every N steps (null: not by steps)."
+    )
+    freq_epochs: int | None = _freq_epochs_field("write a recover checkpoint")
+    freq_secs: float | None = _freq_secs_field("write a recover checkpoint")
     keep_last: int = _field(2, "Recover checkpoints kept.")
 
     def __post_init__(self) -> None:
         _validate_choices(self)
-        _check_number("freq_steps", self.freq_steps, ge=1, integer=True)
+        _check_cadence(self)
         _check_number("keep_last", self.keep_last, ge=1, integer=True)
 
 
 @dataclass
 class EvaluatorConfig:
-    """Periodic greedy evaluation on the held-out split (valid_dataset)."""
+    """Periodic greedy evaluation on the held-out split (valid_dataset), due when any of
+    ``freq_steps``, ``freq_epochs`` and ``freq_secs`` says so."""
 
     freq_steps: int | None = _field(5, "Evaluate every N steps (null: never during training).")
-    eval_at_start: bool = _field(True, "Evaluate before the first step.")
+    freq_epochs: int | None = _freq_epochs_field("evaluate")
+    freq_secs: float | None = _freq_secs_field("evaluate")
+    eval_at_start: bool = _field(
+        True, "Evaluate before the first step (AReaL key: evaluator.eval_before_train)."
+    )
     eval_at_end: bool = _field(True, "Evaluate after the last step.")
 
     def __post_init__(self) -> None:
-        _check_number("freq_steps", self.freq_steps, ge=1, integer=True, optional=True)
+        _check_cadence(self)
         _check_bool("eval_at_start", self.eval_at_start)
         _check_bool("eval_at_end", self.eval_at_end)
 
@@ -1607,9 +1760,38 @@ class PPOConfig:
         self._check_generation_ends()
         self._check_critic_baseline()
         self._check_async_rollout()
+        self._check_areal_batches()
         self._check_episode_budget()
         if self.teacher is not None and self.teacher.path is None:
             raise ConfigError("teacher.path", "must be set when the teacher section is on")
+
+    def _check_areal_batches(self) -> None:
+        """AReaL's consumer batch and queue agree with the batch this trainer trains on; the
+        token cap leaves every prompt room to generate."""
+        roll, batch = self.rollout, self.train_dataset.batch_size
+        if roll.consumer_batch_size is not None and roll.consumer_batch_size != batch:
+            raise ConfigError(
+                "rollout.consumer_batch_size",
+                f"this trainer trains each step on one loader batch of train_dataset.batch_size "
+                f"({batch}) prompt groups: set it to {batch} or null, got "
+                f"{roll.consumer_batch_size}",
+            )
+        ahead = ((roll.max_head_offpolicyness or 0) + 1) * batch
+        if roll.queue_size is not None and roll.queue_size < ahead:
+            raise ConfigError(
+                "rollout.queue_size",
+                f"the capacity rule keeps up to (max_head_offpolicyness + 1) x "
+                f"train_dataset.batch_size = {ahead} groups ahead of the trainer; a smaller "
+                f"queue is not supported (lower rollout.max_head_offpolicyness instead), got "
+                f"{roll.queue_size}",
+            )
+        cap, longest = self.gconfig.max_tokens, self.train_dataset.max_prompt_length
+        if cap is not None and cap <= longest:
+            raise ConfigError(
+                "gconfig.max_tokens",
+                f"must exceed train_dataset.max_prompt_length ({longest}) so every prompt can "
+                f"generate, got {cap}",
+            )
 
     def _check_sampling(self) -> None:
         """Training and generation agree on the temperature; greedy decoding has one sample."""

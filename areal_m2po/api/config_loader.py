@@ -12,6 +12,11 @@ string field takes the text verbatim. Setting a key inside an optional section t
 and override values may use OmegaConf interpolation (``${gconfig.n_samples}``); a YAML file need
 not list every key.
 
+An AReaL config file (one with a top-level key only AReaL has, such as ``cluster``, or with
+``areal_compat: true``; or any file with ``--areal-compat``) is read with AReaL's meaning:
+:mod:`areal_m2po.api.areal_config` translates its keys and drops those of AReaL's own
+machinery, listed in one warning line; in every other file an unknown key stays an error.
+
 The result is made of the real dataclass instances, so every ``__post_init__`` check runs exactly
 as it does for ``ActorConfig(m2_threshold=0.05, ...)`` in Python. Every problem is raised as a
 :class:`~areal_m2po.api.cli_args.ConfigError` whose key is the full dotted name of the culprit
@@ -31,11 +36,13 @@ import sys
 import tempfile
 import textwrap
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from areal_m2po.api import areal_config
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_schema import (
     REQUIRED,
@@ -62,6 +69,8 @@ __all__ = [
 
 _NULL_WORDS = ("null", "Null", "NULL", "~", "None")
 _CONFIG_KEY = "config"
+AREAL_COMPAT_FLAG = "--areal-compat"
+"""Read every ``--config`` file and override with AReaL's meaning (:mod:`.areal_config`)."""
 
 # ---------------------------------------------------------------------------------------------
 # keys
@@ -332,21 +341,121 @@ def _build(cls: type, data: dict[str, Any], prefix: str, root: type) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_config(argv: list[str] | None = None, cls: type = PPOConfig) -> Any:
+def load_config(
+    argv: list[str] | None = None,
+    cls: type = PPOConfig,
+    warn: Callable[[str], None] | None = None,
+) -> Any:
     """Build ``cls`` from its defaults < ``--config file.yaml`` < command-line overrides.
 
     ``argv`` defaults to ``sys.argv[1:]``. Several ``--config`` files merge in order; overrides
-    apply in order after all files, the last setting of a key winning. Raises
+    apply in order after all files, the last setting of a key winning. A PPO config with an
+    AReaL file (or ``--areal-compat``) is read with AReaL's meaning (:func:`_load_areal`);
+    ``warn`` gets its one warning line (default: ``warning: ...`` on stderr). Raises
     :class:`ConfigError` (a ``ValueError``) naming the full dotted key of any problem.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    files, overrides = parse_argv(args)
+    flag = AREAL_COMPAT_FLAG in args
+    files, overrides = parse_argv([a for a in args if a != AREAL_COMPAT_FLAG])
+    if flag and cls is not PPOConfig:
+        raise ConfigError(
+            AREAL_COMPAT_FLAG, f"AReaL's files are read by the RL trainer only, not {cls.__name__}"
+        )
+    datas = [_read_yaml_file(path) for path in files]
+    if cls is PPOConfig and (flag or any(areal_config.looks_like_areal(d) for d in datas)):
+        return _load_areal(datas, overrides, cls, warn or _print_warning)
     tree = default_tree(cls)
-    for path in files:
-        _merge_mapping(tree, _read_yaml_file(path), cls, "", cls)
+    for data in datas:
+        _merge_mapping(tree, _without_switch(data), cls, "", cls)
     for key, raw in overrides:
         _set_override(tree, key, raw, cls)
     return _build(cls, _resolve(tree), "", cls)
+
+
+def _without_switch(data: dict[str, Any]) -> dict[str, Any]:
+    """A file's mapping without ``areal_compat: false``."""
+    switch = data.get(areal_config.SWITCH, False)
+    if switch is not False:
+        raise ConfigError(areal_config.SWITCH, f"must be true or false, got {_show(switch)}")
+    return {k: v for k, v in data.items() if k != areal_config.SWITCH}
+
+
+def _load_areal(
+    datas: list[dict[str, Any]],
+    overrides: list[tuple[str, str]],
+    cls: type,
+    warn: Callable[[str], None],
+) -> Any:
+    """``cls`` from AReaL config files and overrides: AReaL's defaults, the files and the
+    overrides merged as plain data, interpolations resolved, the keys translated
+    (:func:`areal_config.translate`), then checked like any config; the dropped keys are
+    reported through ``warn`` in one line."""
+    tree = default_tree(cls)
+    areal_config.apply_areal_defaults(tree)
+    for data in datas:
+        _merge_plain(tree, data)
+    for key, raw in overrides:
+        node: dict[str, Any] = {}
+        _set_plain(node, key, _override_value(key, raw, cls))
+        _merge_plain(tree, node)
+    tree = _resolve(tree)
+    ignored = areal_config.translate(tree)
+    checked = default_tree(cls)
+    areal_config.apply_areal_defaults(checked)
+    _merge_mapping(checked, tree, cls, "", cls)
+    cfg = _build(cls, checked, "", cls)
+    if ignored:
+        warn(
+            f"AReaL config: {len(ignored)} keys ignored, they configure AReaL's own cluster, "
+            f"scheduler and services (docs/areal_parity.md): {', '.join(ignored)}"
+        )
+    return cfg
+
+
+def _set_plain(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted ``key`` in a plain tree, creating the mappings on its way."""
+    *parents, last = key.split(".")
+    for part in parents:
+        if not isinstance(tree.get(part), dict):
+            tree[part] = {}
+        tree = tree[part]
+    tree[last] = value
+
+
+def _merge_plain(tree: dict[str, Any], data: dict[Any, Any]) -> None:
+    """Merge a mapping into a plain tree without checking its keys (AReaL's are translated
+    afterwards)."""
+    for name, value in data.items():
+        if isinstance(value, dict) and isinstance(tree.get(name), dict):
+            _merge_plain(tree[name], value)
+        else:
+            tree[name] = config_to_dict(value)
+
+
+def _override_value(key: str, raw: str, cls: type) -> Any:
+    """An override's value for a key that may be AReaL's: verbatim for a string field here,
+    YAML otherwise."""
+    node_cls: Any = cls
+    kind = None
+    for part in key.split("."):
+        schema = fields_of(node_cls) if node_cls is not None else {}
+        if part not in schema:
+            kind = None
+            break
+        kind = schema[part][1]
+        node_cls = kind.base if kind.is_section else None
+    if kind is not None:
+        return _parse_value(raw, kind)
+    if raw in _NULL_WORDS:
+        return None
+    try:
+        return parse_yaml(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _print_warning(message: str) -> None:
+    print("warning: " + " ".join(message.split()), file=sys.stderr)
 
 
 def config_to_yaml(cfg: Any) -> str:
@@ -375,6 +484,8 @@ def save_config(cfg: Any, path: str | os.PathLike[str]) -> Path:
 OPTIONS_HELP = """\
 options:
   --config FILE.yaml  YAML file with any subset of the keys below (may be repeated)
+  --areal-compat      read the files and overrides as AReaL's (automatic for a file with
+                      AReaL's cluster/scheduler/... keys; docs/areal_parity.md)
   --print-config      print the resolved config as YAML and exit
   -h, --help          show this help and exit
 """

@@ -21,6 +21,7 @@ or workflow can import it.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import time
 import uuid
@@ -62,6 +63,9 @@ class SamplingParams:
         stop_token_ids: tokens that end the completion like EOS (kept as its last token).
         stop: strings that end the completion once the decoded output contains one (the token
             completing it is kept; nothing after it is generated).
+        max_tokens: the most tokens of context plus completion (AReaL's
+            ``gconfig.max_tokens``), or None: a :class:`ModelRequest` lowers its
+            ``max_new_tokens`` to fit (:meth:`for_context`).
     """
 
     max_new_tokens: int
@@ -71,6 +75,7 @@ class SamplingParams:
     min_new_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
@@ -81,6 +86,10 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_tokens is not None and not (
+            isinstance(self.max_tokens, int) and self.max_tokens >= 2
+        ):
+            raise ValueError(f"max_tokens: must be an integer >= 2 or None, got {self.max_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(
                 f"min_new_tokens: must be in [0, max_new_tokens={self.max_new_tokens}], "
@@ -91,6 +100,25 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Greedy decoding (``temperature == 0``)."""
         return self.temperature == 0
+
+    def for_context(self, n_context: int) -> SamplingParams:
+        """These parameters for a context of ``n_context`` tokens: ``max_new_tokens`` lowered
+        to ``max_tokens - n_context`` when that is smaller (``min_new_tokens`` with it).
+
+        Raises:
+            ValueError: the context leaves no room under ``max_tokens``.
+        """
+        if self.max_tokens is None or self.max_new_tokens + n_context <= self.max_tokens:
+            return self
+        room = self.max_tokens - n_context
+        if room < 1:
+            raise ValueError(
+                f"max_tokens: a context of {n_context} tokens leaves no room to generate under "
+                f"max_tokens={self.max_tokens}"
+            )
+        return dataclasses.replace(
+            self, max_new_tokens=room, min_new_tokens=min(self.min_new_tokens, room)
+        )
 
     @classmethod
     def from_gconfig(cls, g: GenerationConfig, greedy: bool = False) -> SamplingParams:
@@ -103,6 +131,7 @@ class SamplingParams:
             top_k=g.top_k,
             min_new_tokens=g.min_new_tokens,
             stop=tuple(g.stop or ()),
+            max_tokens=g.max_tokens,
         )
 
 
@@ -112,7 +141,8 @@ class ModelRequest:
 
     Args:
         input_ids: the context's token ids (prompt, or a whole multi-turn history so far).
-        sampling: how to sample.
+        sampling: how to sample; with ``sampling.max_tokens`` its ``max_new_tokens`` is lowered
+            to what the context leaves (:meth:`SamplingParams.for_context`).
         rid: request id (logging, and servers that key requests by id).
         metadata: free for the workflow; engines pass it through untouched.
     """
@@ -125,6 +155,7 @@ class ModelRequest:
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise ValueError("ModelRequest.input_ids: empty context")
+        self.sampling = self.sampling.for_context(len(self.input_ids))
 
 
 @dataclass

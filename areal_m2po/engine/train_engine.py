@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from areal_m2po.api.cli_args import RefConfig, TrainEngineConfig
 from areal_m2po.engine import fsdp, lora
 from areal_m2po.engine.builtin_models import resolve_model_path
+from areal_m2po.engine.dropout import disable_dropout
 from areal_m2po.engine.forward import (
     LOGPROB_CHUNK_BYTES,
     forward_logprobs,
@@ -148,6 +149,8 @@ class HFTrainEngine:
             self.optimizer = None
             self.scheduler = None
             return
+        if getattr(config, "disable_dropout", False):
+            disable_dropout(raw)
         if config.gradient_checkpointing:
             raw.gradient_checkpointing_enable()
         if config.lora is not None:  # only the adapters (and a head) require gradients

@@ -83,6 +83,15 @@ def check_engine_launch(
             f"`{_LAUNCH}` (and actor.backend=fsdp2 to shard the model)"
         )
     for name, engine in engines:
+        wanted = engine.data_parallel_size
+        if wanted is not None and wanted != world:
+            raise ConfigError(
+                f"{name}.data_parallel_size",
+                f"this run has {world} process(es) but {wanted} data-parallel processes are "
+                f"asked for (AReaL's backend string 'd{wanted}'); launch with `accelerate launch "
+                f"--multi_gpu --num_processes {wanted}`"
+                + (" (one process needs no launcher)" if wanted == 1 else ""),
+            )
         if engine.backend != "fsdp2":
             continue
         if world < 2:

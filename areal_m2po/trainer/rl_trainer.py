@@ -181,14 +181,7 @@ class RLTrainer(RecoverableStepLoop):
         )
         self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
         if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
-            ref_cfg = TrainEngineConfig(
-                path=cfg.ref.path or cfg.actor.path,
-                dtype=cfg.ref.dtype,
-                attn_implementation=cfg.actor.attn_implementation,
-                backend=cfg.actor.backend,
-                fsdp=cfg.actor.fsdp,
-                mb_spec=cfg.actor.mb_spec,
-            )
+            ref_cfg = cfg.ref.engine_config(cfg.actor)
             self.ref_engine = HFTrainEngine(ref_cfg, self.accelerator, 0, trainable=False)
         self.critic = None
         if cfg.critic.enabled:

@@ -6,8 +6,9 @@ training step (:meth:`StepLoop._end_step`: evaluation and a Hugging Face save wh
 loop (:meth:`StepLoop._run_epochs`) and, for the trainers
 that resume (RL, SFT: :class:`RecoverableStepLoop`), recover checkpoints: saving and resuming
 through :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`, their cadence
-(``recover.freq_steps``, after good steps only) and SIGTERM (a checkpoint after the current
-step, then the loop stops).
+(``recover.freq_steps``/``freq_epochs``/``freq_secs``, after good steps only) and SIGTERM (a
+checkpoint after the current step, then the loop stops). Each periodic action's cadence is a
+:class:`~areal_m2po.trainer.cadence.Cadence` of its section.
 
 A trainer subclasses one of the two classes and provides what differs: ``evaluate``,
 ``save_hf``, the loop itself (``_train``) and, to resume, ``state_dict``/``_state_loaders``; all
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from areal_m2po.trainer.cadence import Cadence
 from areal_m2po.utils import dist, recover
 
 __all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader"]
@@ -94,18 +96,47 @@ class StepLoop:
         self.accelerator.free_memory()
         dist.end_process_group()
 
+    def _cadence(self, name: str) -> Cadence:
+        """The cadence of config section ``name`` (evaluator, saver, recover), started on first
+        use (:meth:`_start_cadences` starts them all when the loop begins)."""
+        cadences: dict[str, Cadence] = self.__dict__.setdefault("_cadences", {})
+        if name not in cadences:
+            cadences[name] = Cadence(getattr(self.config, name))
+        return cadences[name]
+
+    def _start_cadences(self) -> None:
+        """Start the time frequencies of evaluation, saves and recover checkpoints now."""
+        for name in ("evaluator", "saver", "recover"):
+            if hasattr(self.config, name):
+                self._cadence(name).ran()
+
+    def _due(self, name: str) -> bool:
+        """Whether section ``name``'s action is due after step ``self.step``, the same answer
+        on every process (the time frequency is decided together)."""
+        cadence = self._cadence(name)
+        steps_per_epoch = int(getattr(self.loader, "steps_per_epoch", 0) or 0)
+        if cadence.due_by_count(self.step, steps_per_epoch):
+            return True
+        if cadence.freq_secs is None:
+            return False
+        by_time = cadence.due_by_time()
+        if dist.is_distributed():
+            by_time = bool(dist.all_reduce_max(torch.tensor([float(by_time)]))[0] > 0)
+        return by_time
+
     def _end_step(self, stats: dict[str, float], t_start: float) -> None:
-        """After step ``self.step`` (already counted): evaluation when due (every
-        ``evaluator.freq_steps``, and after the last step with ``eval_at_end``), an HF save
-        every ``saver.freq_steps``, then ``stats["timing/step_s"]`` (wall seconds since
-        ``t_start``, a ``time.perf_counter`` value) and the step's metrics line."""
+        """After step ``self.step`` (already counted): evaluation when due (the evaluator's
+        cadence, and after the last step with ``eval_at_end``), an HF save when the saver's
+        cadence says so, then ``stats["timing/step_s"]`` (wall seconds since ``t_start``, a
+        ``time.perf_counter`` value) and the step's metrics line."""
         cfg = self.config
         last = self.step == self.total_steps
-        freq = cfg.evaluator.freq_steps
-        if (freq and self.step % freq == 0) or (last and cfg.evaluator.eval_at_end):
+        if self._due("evaluator") or (last and cfg.evaluator.eval_at_end):
             stats.update(self.evaluate())
-        if cfg.saver.freq_steps and self.step % cfg.saver.freq_steps == 0:
+            self._cadence("evaluator").ran()
+        if self._due("saver"):
             self.save_hf(f"step_{self.step}")
+            self._cadence("saver").ran()
         stats["timing/step_s"] = time.perf_counter() - t_start
         self.stats_logger.log(self.step, stats)
 
@@ -129,6 +160,7 @@ class StepLoop:
         _local_rows(batch))``), records the epoch as ``epoch_key``, ends the step
         (:meth:`_end_step`) and stops early when ``after_step(stats)`` says so; then
         :meth:`_save_final`."""
+        self._start_cadences()
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             batch, epoch = self.loader.next_batch()
@@ -183,6 +215,7 @@ class RecoverableStepLoop(StepLoop):
     def train(self) -> None:
         """Run the loop with SIGTERM turned into a checkpoint after the current step."""
         restore_handler = recover.install_sigterm_handler(self._on_sigterm)
+        self._start_cadences()
         try:
             self._train()
         finally:
@@ -193,19 +226,18 @@ class RecoverableStepLoop(StepLoop):
         logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
 
     def _checkpoint_after_step(self, good: bool) -> bool:
-        """A recover checkpoint after step ``self.step`` when one is due (every
-        ``recover.freq_steps`` steps, after a ``good`` step only, unless ``recover.mode`` is
-        disabled) or SIGTERM reached any rank; True: stop now (SIGTERM)."""
+        """A recover checkpoint after step ``self.step`` when one is due (the recover
+        section's cadence, after a ``good`` step only, unless ``recover.mode`` is disabled) or
+        SIGTERM reached any rank; True: stop now (SIGTERM)."""
         cfg = self.config
         stop = self.stop_requested
         if dist.is_distributed():  # a signal may reach only some ranks
             stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
-        periodic = (
-            cfg.recover.mode != "disabled" and self.step % cfg.recover.freq_steps == 0 and good
-        )
+        periodic = cfg.recover.mode != "disabled" and self._due("recover") and good
         if (periodic or stop) and self._last_recover_step != self.step:
             self.save_checkpoint()
             self._last_recover_step = self.step
+            self._cadence("recover").ran()
         if stop:
             logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
         return stop

@@ -17,6 +17,7 @@ from areal_m2po.api.cli_args import (
     NormConfig,
     OptimizerConfig,
     PPOConfig,
+    RecoverConfig,
     RejectionSamplingConfig,
     RewardConfig,
     RolloutConfig,
@@ -240,6 +241,56 @@ def test_loss_variants_train(tmp_path, name):
         assert r["actor/skipped_steps"] == 0
     if VARIANTS[name].get("kl_ctl"):
         assert "actor/kl_ref" in records[-1]
+
+
+def test_cispo_trains_with_m2po_and_logs_its_metrics(tmp_path):
+    """actor.use_cispo_loss: a tiny decoupled CISPO run with M2PO, one step stale, trains
+    (finite loss and gradient every step) and logs the loss's and M2PO's metrics."""
+    cfg = tiny_config(
+        tmp_path,
+        steps=2,
+        staleness=1,
+        use_cispo_loss=True,
+        eps_clip=1.0,
+        eps_clip_higher=4.0,
+        use_decoupled_loss=True,
+    )
+    cfg.evaluator = EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False)
+    cfg.saver = SaverConfig(save_at_end=False)
+    records = train(cfg)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        for key in ("actor/loss", "actor/grad_norm", "actor/pg_loss", "actor/clip_fraction"):
+            assert math.isfinite(r[key]), key
+        assert r["actor/skipped_steps"] == 0 and r["actor/dual_clip_fraction"] == 0
+        assert 0 <= r["m2po/masked_fraction"] <= 1
+
+
+def test_epoch_and_time_cadence_of_evaluation_saves_and_checkpoints(tmp_path):
+    """AReaL's freq_epochs / freq_secs: 2 epochs of 2 steps (8 prompts, batch 4); evaluation
+    after every epoch, an HF save after every 2nd, a recover checkpoint after every epoch;
+    then evaluation by time (every step: the interval is shorter than any step)."""
+    cfg = tiny_config(tmp_path, steps=None, staleness=0)
+    cfg.total_train_epochs = 2
+    cfg.total_train_steps = None
+    cfg.train_dataset = DatasetConfig(batch_size=4, max_samples=8)
+    cfg.evaluator = EvaluatorConfig(freq_steps=None, freq_epochs=1, eval_at_start=False,
+                                    eval_at_end=False)  # fmt: skip
+    cfg.saver = SaverConfig(freq_epochs=2, save_at_end=False)
+    cfg.recover = RecoverConfig(mode="auto", freq_steps=None, freq_epochs=1)
+    records = train(cfg)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if "eval/accuracy" in r] == [2, 4]
+    assert sorted(os.listdir(os.path.join(cfg.output_dir, "checkpoints"))) == ["step_4"]
+    recover = sorted(
+        n for n in os.listdir(os.path.join(cfg.output_dir, "recover")) if n.startswith("step_")
+    )
+    assert recover == ["step_2", "step_4"]
+    timed = tiny_config(tmp_path / "timed", steps=3, staleness=0)
+    timed.evaluator = EvaluatorConfig(freq_steps=None, freq_secs=1e-6, eval_at_start=False,
+                                      eval_at_end=False)  # fmt: skip
+    timed.saver = SaverConfig(save_at_end=False)
+    assert [r["step"] for r in train(timed) if "eval/accuracy" in r] == [1, 2, 3]
 
 
 def test_critic_gae_run(tmp_path):

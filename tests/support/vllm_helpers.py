@@ -16,11 +16,13 @@ from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 TINY_VLLM_CONFIG = {"head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
 
 
-def write_tiny_vllm_model(path: str, seed: int = 0, tied: bool = True) -> str:
-    """Save the tiny Llama (head size 32, tied embeddings unless ``tied=False``) and its
-    tokenizer to ``path``; returns ``path``."""
+def write_tiny_vllm_model(path: str, seed: int = 0, tied: bool = True, **config: object) -> str:
+    """Save the tiny Llama (head size 32, tied embeddings unless ``tied=False``; ``config``:
+    more ``LlamaConfig`` fields) and its tokenizer to ``path``; returns ``path``."""
     tok = build_tiny_tokenizer()
-    model = build_tiny_llama(len(tok), seed=seed, tie_word_embeddings=tied, **TINY_VLLM_CONFIG)
+    model = build_tiny_llama(
+        len(tok), seed=seed, tie_word_embeddings=tied, **TINY_VLLM_CONFIG, **config
+    )
     model.config.eos_token_id = tok.eos_token_id
     model.config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id

@@ -13,6 +13,7 @@ import torch
 from batches import reward_batch
 
 from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, sapo_loss_fn
+from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
 from areal_m2po.trainer.ppo.actor import PPOActor
 
@@ -71,19 +72,28 @@ def test_behaviour_weight_switch_rejects_rejection_sampling_without_weight():
 def test_gspo_gradient_with_token_behaviour_weights_matches_areal():
     # one row of 2 tokens, lp = prox = 0 (sequence ratio r = 1, unclipped), behaviour weights
     # w = [1, 3] (old = prox - log w), advantages A = [1, 3] -> mean advantage 2.
-    # AReaL: loss = (1/2) sum_t -A_mean r w_t = (1/2)(-2 - 6) = -4, and r = exp(mean lp - prox)
+    # AReaL (the weight applied through rejection sampling, clamp at a bound never reached):
+    # loss = (1/2) sum_t -A_mean r w_t = (1/2)(-2 - 6) = -4, and r = exp(mean lp - prox)
     # gives d r / d lp_t = r / 2, so d loss / d lp_t = (1/2) sum_t' -A_mean w_t' / 2 = -2 for
     # both tokens. (Per-token GSPO-token gradient would be -A_t w_t / 2 = [-0.5, -4.5].)
-    lp = _t([0.0, 0.0]).requires_grad_(True)
+    # Here the decoupled loss applies the same uncapped weight without rejection sampling.
     prox = _t([0.0, 0.0])
     old = prox - torch.log(_t([1.0, 3.0]))
     mask = torch.tensor([[True, True]])
-    loss, _ = ppo_actor_loss_fn(
-        lp, prox, old, _t([1.0, 3.0]), 0.5, mask, importance_sampling_level="sequence"
-    )
-    loss.backward()
-    assert loss.item() == pytest.approx(-4.0)
-    assert torch.allclose(lp.grad, _t([-2.0, -2.0]))
+    rs = {"action": "clamp", "upper": 100.0}
+    for call in ("areal", "here"):
+        lp = _t([0.0, 0.0]).requires_grad_(True)
+        if call == "areal":
+            loss, _ = ppo_actor_loss_fn(
+                lp, prox, old, _t([1.0, 3.0]), 0.5, mask, rejection_sampling=rs,
+                importance_sampling_level="sequence",
+            )  # fmt: skip
+        else:
+            spec = PPOLossSpec(eps_clip=0.5, importance_sampling_level="sequence")
+            loss, _ = ppo_actor_loss(lp, prox, old, _t([1.0, 3.0]), mask, spec)
+        loss.backward()
+        assert loss.item() == pytest.approx(-4.0), call
+        assert torch.allclose(lp.grad, _t([-2.0, -2.0])), call
 
 
 def test_gspo_sapo_averages_advantages_per_sequence():
@@ -108,9 +118,8 @@ def test_gspo_sequence_statistics_use_only_kept_tokens():
     z = _t([0.0, 0.0])
     mask = torch.tensor([[True, True]])
     keep = torch.tensor([[True, False]])
-    loss, _ = ppo_actor_loss_fn(
-        lp, z, z, _t([1.0, 7.0]), 0.5, mask, importance_sampling_level="sequence", m2po_mask=keep
-    )
+    spec = PPOLossSpec(eps_clip=0.5, importance_sampling_level="sequence")
+    loss, _ = ppo_actor_loss(lp, z, z, _t([1.0, 7.0]), mask, spec, m2po_mask=keep)
     loss.backward()
     assert loss.item() == pytest.approx(-0.6)
     assert torch.allclose(lp.grad, _t([-0.6, 0.0]))

@@ -1,5 +1,5 @@
-"""Losses, advantage/reward maths and log-prob gathering (areal_m2po.algo; the losses through
-AReaL's names in areal_m2po.algo.areal_compat; areal_m2po.algo.logprobs).
+"""Losses, advantage/reward maths and log-prob gathering (areal_m2po.algo; AReaL's calling
+contract of the losses is tested in test_areal_compat.py).
 
 Expected numbers are derived by hand in the comments (or by an independent plain-torch
 reference). Tests use local torch.Generator objects and set nothing global.
@@ -14,12 +14,14 @@ import torch
 
 from areal_m2po.algo.advantages import gae_advantages
 from areal_m2po.algo.aggregation import agg_loss
-from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, ppo_critic_loss_fn, sapo_loss_fn
+from areal_m2po.algo.critic_loss import ppo_critic_loss
 from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.algo.logprobs import gather_logprobs_entropy
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
+from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.reductions import masked_mean, masked_sum, masked_var
 from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
+from areal_m2po.algo.sapo_loss import sapo_loss
 
 F64 = torch.float64
 
@@ -36,9 +38,15 @@ def _close(x: torch.Tensor, expected, atol: float = 1e-9) -> bool:
     return torch.allclose(x.detach().to(F64), torch.tensor(expected, dtype=F64), atol=atol)
 
 
+def ppo_loss_kw(logp, prox, behave, adv, eps_clip, loss_mask, m2po_mask=None, **options):
+    """The clipped PPO loss with its options as keywords (a PPOLossSpec built per call)."""
+    spec = PPOLossSpec(eps_clip=eps_clip, **options)
+    return ppo_actor_loss(logp, prox, behave, adv, loss_mask, spec, m2po_mask)
+
+
 def _ppo(lp, prox, old, adv, mask, **kw):
     lp = lp.clone().requires_grad_(True)
-    loss, stats = ppo_actor_loss_fn(lp, prox, old, adv, loss_mask=mask, **kw)
+    loss, stats = ppo_loss_kw(lp, prox, old, adv, loss_mask=mask, **kw)
     loss.backward()
     return loss, stats, lp.grad
 
@@ -158,7 +166,7 @@ def test_m2po_masked_token_does_not_change_other_gradients():
 def test_rejected_token_keeps_denominator_sapo_too():
     lp = _t([0.0, 0.0]).requires_grad_(True)
     z = _t([0.0, 0.0])
-    loss, _ = sapo_loss_fn(
+    loss, _ = sapo_loss(
         lp, z, _t([1.0, 1.0]), 1.0, 1.05, torch.tensor([[True, True]]),
         m2po_mask=torch.tensor([[True, False]]),
     )  # fmt: skip
@@ -261,14 +269,8 @@ def test_rejection_sequence_level_ratio_geometric_mean():
     assert loss_s.item() == pytest.approx(-(1.1 + 1.1) / 4)
 
 
-def test_rejection_kl_metric_and_object_spec():
-    class Spec:  # any object with the fields works
-        level = "token"
-        action = "mask"
-        metric = "kl_k2"
-        agg = "mean"
-        upper = 0.1
-        lower = None
+def test_rejection_kl_metric():
+    spec = {"level": "token", "action": "mask", "metric": "kl_k2", "agg": "mean", "upper": 0.1}
 
     # k2 = 0.5 (prox - old)^2: token 0 -> 0.5 (rejected), token 1 -> 0.005 (kept)
     old = _t([0.0, 0.0])
@@ -276,13 +278,13 @@ def test_rejection_kl_metric_and_object_spec():
     lp = prox.clone()
     mask = torch.tensor([[True, True]])
     loss, stats, _ = _ppo(
-        lp, prox, old, _t([1.0, 1.0]), mask, eps_clip=0.2, rejection_sampling=Spec()
+        lp, prox, old, _t([1.0, 1.0]), mask, eps_clip=0.2, rejection_sampling=spec
     )
     # token 1 loss -A r w = -exp(0.1); over 2 valid tokens
     assert loss.item() == pytest.approx(-math.exp(0.1) / 2)
     assert stats["actor/rejected_fraction"].item() == pytest.approx(0.5)
     with pytest.raises(ValueError, match="clamp"):
-        ppo_actor_loss_fn(
+        ppo_loss_kw(
             lp, prox, old, _t([1.0, 1.0]), 0.2, mask,
             rejection_sampling={"action": "clamp", "metric": "kl_k1", "upper": 1.0},
         )  # fmt: skip
@@ -335,7 +337,7 @@ def test_sapo_gradient_at_ratio_one_equals_vanilla_pg():
     adv = torch.randn(3, 5, generator=g, dtype=F64)
     mask = torch.rand(3, 5, generator=g) < 0.8
     lp = old.clone().requires_grad_(True)
-    loss, stats = sapo_loss_fn(lp, old, adv, 1.0, 1.05, mask)
+    loss, stats = sapo_loss(lp, old, adv, 1.0, 1.05, mask)
     loss.backward()
     lp2 = old.clone().requires_grad_(True)
     vanilla = -(torch.where(mask, adv * torch.exp(lp2 - old), 0.0)).sum() / mask.sum()
@@ -349,7 +351,7 @@ def test_sapo_hand_value_gradient_and_gate():
     # r = 2, tau_pos = 1, A = 1: s = sigmoid(1) = 0.7310586; loss = -(4 / 1) s = -2.9242344
     # gate g = 4 s (1 - s) = 0.7864477; d/dlp = -A g r = -1.5728954
     lp = _t([math.log(2.0)]).requires_grad_(True)
-    loss, stats = sapo_loss_fn(lp, _t([0.0]), _t([1.0]), 1.0, 2.0, torch.tensor([[True]]))
+    loss, stats = sapo_loss(lp, _t([0.0]), _t([1.0]), 1.0, 2.0, torch.tensor([[True]]))
     loss.backward()
     s = 1 / (1 + math.exp(-1))
     assert loss.item() == pytest.approx(-4 * s)
@@ -358,14 +360,14 @@ def test_sapo_hand_value_gradient_and_gate():
     assert stats["sapo/gate_min"].item() == pytest.approx(4 * s * (1 - s))
     # A <= 0 uses tau_neg = 2: loss = -A (4/2) sigmoid(2 (r - 1)) with A = -1
     lp2 = _t([math.log(2.0)]).requires_grad_(True)
-    loss2, _ = sapo_loss_fn(lp2, _t([0.0]), _t([-1.0]), 1.0, 2.0, torch.tensor([[True]]))
+    loss2, _ = sapo_loss(lp2, _t([0.0]), _t([-1.0]), 1.0, 2.0, torch.tensor([[True]]))
     assert loss2.item() == pytest.approx(2.0 / (1 + math.exp(-2.0)))
 
 
 def test_sapo_soft_gate_fraction():
     # r = e^2 with tau 1: s = sigmoid(e^2 - 1) ~ 0.9981 -> g ~ 0.0076 < 0.5
     lp = _t([2.0, 0.0])
-    loss, stats = sapo_loss_fn(
+    loss, stats = sapo_loss(
         lp, _t([0.0, 0.0]), _t([1.0, 1.0]), 1.0, 1.0, torch.tensor([[True, True]])
     )
     assert stats["sapo/soft_gate_fraction"].item() == pytest.approx(0.5)
@@ -382,7 +384,7 @@ def test_critic_clipped_value_loss_by_hand():
     #          loss 0.845, clipped term constant in v -> grad 0
     # token 1: v 0.6, old 0.5 -> v_clip 0.6: both 1.96 -> loss 0.98, grad (v - R) = -1.4
     v = _t([1.0, 0.6]).requires_grad_(True)
-    loss, stats = ppo_critic_loss_fn(
+    loss, stats = ppo_critic_loss(
         v, _t([0.5, 0.5]), _t([2.0, 2.0]), 0.2, torch.tensor([[True, True]])
     )
     loss.backward()
@@ -402,32 +404,32 @@ def test_loss_validation_errors():
     x = torch.zeros(2, 3)
     m = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(TypeError, match="loss_mask must be torch.bool, got torch.float32"):
-        ppo_actor_loss_fn(x, x, x, x, 0.2, m.float())
+        ppo_loss_kw(x, x, x, x, 0.2, m.float())
     with pytest.raises(ValueError, match=r"advantages shape \(2, 2\) does not match loss_mask"):
-        ppo_actor_loss_fn(x, x, x, torch.zeros(2, 2), 0.2, m)
+        ppo_loss_kw(x, x, x, torch.zeros(2, 2), 0.2, m)
     with pytest.raises(ValueError, match="eps_clip must be >= 0"):
-        ppo_actor_loss_fn(x, x, x, x, -0.1, m)
+        ppo_loss_kw(x, x, x, x, -0.1, m)
     with pytest.raises(ValueError, match="c_clip must be > 1"):
-        ppo_actor_loss_fn(x, x, x, x, 0.2, m, c_clip=1.0)
+        ppo_loss_kw(x, x, x, x, 0.2, m, c_clip=1.0)
     with pytest.raises(ValueError, match="importance_sampling_level"):
-        ppo_actor_loss_fn(x, x, x, x, 0.2, m, importance_sampling_level="seq")
+        ppo_loss_kw(x, x, x, x, 0.2, m, importance_sampling_level="seq")
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        ppo_actor_loss_fn(x, x, x, x, 0.2, m, loss_agg_mode="mean")
+        ppo_loss_kw(x, x, x, x, 0.2, m, loss_agg_mode="mean")
     with pytest.raises(ValueError, match="tau_pos must be > 0"):
-        sapo_loss_fn(x, x, x, 0.0, 1.0, m)
+        sapo_loss(x, x, x, 0.0, 1.0, m)
     with pytest.raises(ValueError, match="tau_neg must be > 0"):
-        sapo_loss_fn(x, x, x, 1.0, -1.0, m)
+        sapo_loss(x, x, x, 1.0, -1.0, m)
     with pytest.raises(TypeError, match="m2po_mask must be torch.bool"):
-        sapo_loss_fn(x, x, x, 1.0, 1.0, m, m2po_mask=m.int())
+        sapo_loss(x, x, x, 1.0, 1.0, m, m2po_mask=m.int())
     with pytest.raises(ValueError, match="value_eps_clip must be >= 0"):
-        ppo_critic_loss_fn(x, x, x, -1.0, m)
+        ppo_critic_loss(x, x, x, -1.0, m)
 
 
 def test_bf16_inputs_are_upcast():
     g = _gen(3)
     lp = torch.randn(2, 4, generator=g).to(torch.bfloat16).requires_grad_(True)
     mask = torch.ones(2, 4, dtype=torch.bool)
-    loss, stats = ppo_actor_loss_fn(lp, lp.detach(), lp.detach(), torch.ones(2, 4), 0.2, mask)
+    loss, stats = ppo_loss_kw(lp, lp.detach(), lp.detach(), torch.ones(2, 4), 0.2, mask)
     loss.backward()
     assert loss.dtype == torch.float32
     assert lp.grad.dtype == torch.bfloat16
@@ -686,41 +688,3 @@ def test_masked_normalize_batch_sum_spans_shards():
     # without the global sums, a shard is normalised with its own statistics (different)
     alone = masked_normalize(x[:2], mask[:2], "batch", "batch")
     assert not torch.allclose(alone, whole[:2])
-
-
-def test_areal_compat_names_call_the_owning_modules():
-    """``areal_m2po.algo.areal_compat`` keeps AReaL's names and argument names: each gives the
-    result of the module that owns the concept, for the same inputs."""
-    from areal_m2po.algo import areal_compat, critic_loss, m2po, ppo_loss, sapo_loss
-
-    torch.manual_seed(0)
-    lp, prox, behave, adv = (torch.randn(2, 5, dtype=F64) for _ in range(4))
-    mask = torch.rand(2, 5) > 0.3
-    spec = ppo_loss.PPOLossSpec(eps_clip=0.2, c_clip=3.0)
-    want, _ = ppo_loss.ppo_actor_loss(lp, prox, behave, adv, mask, spec)
-    got, _ = areal_compat.ppo_actor_loss_fn(
-        logprobs=lp,
-        proximal_logprobs=prox,
-        old_logprobs=behave,
-        advantages=adv,
-        eps_clip=0.2,
-        loss_mask=mask,
-        c_clip=3.0,
-    )
-    assert got == want
-    want, _ = sapo_loss.sapo_loss(lp, prox, adv, 1.0, 1.05, mask)
-    assert areal_compat.sapo_loss_fn(lp, prox, adv, 1.0, 1.05, mask)[0] == want
-    assert areal_compat.ppo_critic_loss_fn is critic_loss.ppo_critic_loss
-    keep, _ = m2po.m2po_mask(behave, prox, mask, 0.05)
-    assert torch.equal(areal_compat._apply_m2po_masking(behave, prox, mask, 0.05), keep)
-    assert sorted(areal_compat.__all__) == sorted(
-        [
-            "_apply_m2po_masking",
-            "_get_m2po_loss_mask",
-            "dpo_pair_logratios",
-            "dpo_preference_loss",
-            "ppo_actor_loss_fn",
-            "ppo_critic_loss_fn",
-            "sapo_loss_fn",
-        ]
-    )

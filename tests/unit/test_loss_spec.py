@@ -1,4 +1,4 @@
-"""PPOLossSpec (the PPO loss options checked once), AReaL's keyword calling convention, the
+"""PPOLossSpec (the PPO loss options checked once), AReaL's rejection-sampling argument, the
 choice lists defined once in api/cli_args.py and the one rule for rejection-sampling bounds."""
 
 from __future__ import annotations
@@ -28,44 +28,6 @@ def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
     mask = torch.rand(4, 6, generator=g) < 0.8
     m2po_mask = torch.rand(4, 6, generator=g) < 0.9
     return lp, prox, old, adv, mask, m2po_mask
-
-
-OPTIONS = [
-    {},
-    {"eps_clip_higher": 0.28, "c_clip": 3.0},
-    {"importance_sampling_level": "sequence", "loss_agg_mode": "seq-mean-token-mean"},
-    {"rejection_sampling": {"level": "token", "action": "clamp", "upper": 1.2, "lower": 0.8}},
-    {
-        "rejection_sampling": RejectionSampling(level="sequence", metric="kl_k3", upper=0.05),
-        "loss_agg_mode": "seq-mean-token-sum-norm",
-        "max_tokens_norm": 8,
-    },
-]
-
-
-@pytest.mark.parametrize("opts", OPTIONS)
-def test_keyword_wrapper_equals_spec_call(opts):
-    lp, prox, old, adv, mask, m2 = _inputs(3)
-    a = lp.clone().requires_grad_(True)
-    la, sa = ppo_actor_loss_fn(
-        logprobs=a,
-        proximal_logprobs=prox,
-        old_logprobs=old,
-        advantages=adv,
-        eps_clip=0.2,
-        loss_mask=mask,
-        m2po_mask=m2,
-        **opts,
-    )
-    la.backward()
-    b = lp.clone().requires_grad_(True)
-    spec = PPOLossSpec(eps_clip=0.2, **opts)
-    lb, sb = ppo_actor_loss(b, prox, old, adv, mask, spec, m2po_mask=m2)
-    lb.backward()
-    assert torch.equal(la.detach(), lb.detach())
-    assert torch.equal(a.grad, b.grad)
-    assert sa.keys() == sb.keys()
-    assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_spec_from_actor_config():
@@ -161,10 +123,10 @@ def test_rejection_options_are_plain_values_not_the_config_section():
     # AReaL's calling convention passes its config section: same loss as the unpacked values
     lp, prox, old, adv, mask, m2 = _inputs(4)
     section = RejectionSamplingConfig(level="sequence", action="clamp", lower=0.5, upper=1.5)
-    la, _ = ppo_actor_loss_fn(lp, prox, old, adv, 0.2, mask, m2, rejection_sampling=section)
+    la, _ = ppo_actor_loss_fn(lp, prox, old, adv, 0.2, mask, rejection_sampling=section)
     spec = PPOLossSpec(
         eps_clip=0.2,
         rejection_sampling=RejectionSampling("sequence", "clamp", upper=1.5, lower=0.5),
     )
-    lb, _ = ppo_actor_loss(lp, prox, old, adv, mask, spec, m2po_mask=m2)
+    lb, _ = ppo_actor_loss(lp, prox, old, adv, mask, spec)
     assert torch.equal(la, lb)

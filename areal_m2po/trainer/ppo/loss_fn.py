@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from areal_m2po.algo.cispo_loss import cispo_loss
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.algo.sapo_loss import sapo_loss
@@ -101,8 +102,9 @@ def library_actor_loss(
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The library's loss (:class:`ActorLossFn`): SAPO with ``use_sapo_loss``, else the clipped
-    PPO loss (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked."""
+    """The library's loss (:class:`ActorLossFn`): SAPO with ``use_sapo_loss``, CISPO with
+    ``use_cispo_loss``, else the clipped PPO loss (decoupled, dual-clip, rejection sampling,
+    GSPO as configured), M2PO-masked. CISPO takes the behaviour weight as the PPO loss does."""
     c = ctx.config
     prox = batch["prox_logp"]
     m2po_mask = batch.get("m2po_mask")
@@ -124,6 +126,10 @@ def library_actor_loss(
     # log-probs makes the weight 1
     weighted = c.use_decoupled_loss and c.use_behave_imp_weight
     behave = batch["behave_logp"] if weighted else prox
+    if c.use_cispo_loss:
+        return cispo_loss(
+            logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+        )
     return ppo_actor_loss(
         logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
     )

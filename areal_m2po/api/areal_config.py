@@ -1,0 +1,494 @@
+"""Reading AReaL's config files: their keys translated to this trainer's, AReaL's own cluster,
+scheduler, name-resolution and tracing keys listed and dropped.
+
+A file is read this way when it looks like AReaL's (a top-level key only AReaL has:
+:data:`AREAL_MARKERS`), when it says ``areal_compat: true``, or with ``--areal-compat``
+(:func:`areal_m2po.api.config_loader.load_config`). Then, before the file is merged:
+
+* keys the file does not set take AReaL's defaults where AReaL's differ from this trainer's
+  and change what a run computes (:data:`AREAL_DEFAULTS`: no M2PO, no decoupled loss, no
+  advantage normalisation, ...);
+
+and after it is merged and its ``${...}`` interpolations resolved (:func:`translate`):
+
+* keys with AReaL's name and meaning here stay as they are (honoured);
+* keys that say the same thing another way are rewritten (mapped, :func:`areal_key_status`):
+  renamed keys, AReaL's backend strings (``rollout.backend: "vllm:d1p1t1"`` -> the vLLM engine,
+  asynchronous rollout, one server; ``actor.backend: "fsdp:d4p1t1"`` -> FSDP2 over exactly 4
+  processes), ``optimizer.type: adam`` (AdamW), the removed ``behave_imp_weight_cap``
+  (-> ``rejection_sampling``), rollout counts in prompt groups, keys that must repeat another
+  (``vllm.model`` = ``actor.path``: checked, then dropped);
+* keys about AReaL's own machinery (:data:`IGNORED`) are dropped and returned, so the loader
+  prints one warning line listing them;
+* anything else stays, so an unknown key is still a one-line error.
+
+A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
+``init_from_scratch: true``, Megatron) is a one-line :class:`ConfigError` naming the key. The
+module works on plain dicts; it imports only :mod:`areal_m2po.api.cli_args`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from areal_m2po.api.cli_args import ConfigError
+
+__all__ = [
+    "AREAL_DEFAULTS",
+    "AREAL_MARKERS",
+    "IGNORED",
+    "MAPPED",
+    "SWITCH",
+    "apply_areal_defaults",
+    "areal_key_status",
+    "leaf_items",
+    "looks_like_areal",
+    "translate",
+]
+
+SWITCH = "areal_compat"
+"""Top-level key of a file (``areal_compat: true``) that asks for AReaL's reading."""
+
+AREAL_MARKERS = frozenset(
+    {
+        "cluster",
+        "scheduler",
+        "allocation_mode",
+        "enable_offload",
+        "perf_tracer",
+        "launcher",
+        "sglang",
+        "vllm",
+        "async_training",
+    }
+)
+"""Top-level keys only AReaL's files have: one of them makes a file AReaL's."""
+
+AREAL_DEFAULTS: dict[str, Any] = {
+    "total_train_steps": None,
+    "actor.m2_threshold": None,
+    "actor.use_decoupled_loss": False,
+    "actor.recompute_logprob": False,
+    "actor.use_behave_imp_weight": False,
+    "actor.adv_norm": None,
+    "actor.adv_norm_weighting": "token",
+    "actor.m2_scope": "microbatch",
+    "actor.kl_ctl": 0.1,
+    "actor.ppo_n_minibatches": 4,
+    "rollout.staleness": 0,
+    "evaluator.freq_steps": None,
+    "evaluator.eval_at_start": False,
+    "evaluator.eval_at_end": False,
+    "saver.save_at_end": False,
+    "recover.freq_steps": None,
+    "valid_dataset.max_samples": None,
+}
+"""AReaL's defaults where this trainer's differ in what a run computes or when it evaluates,
+saves or checkpoints; an AReaL file gets them for the keys it does not set (documented in
+docs/areal_parity.md). Model, data, memory and kernel defaults stay this trainer's."""
+
+_NAMED_SECTIONS = [
+    "rollout",
+    "actor",
+    "ref",
+    "critic",
+    "saver",
+    "recover",
+    "evaluator",
+    "stats_logger",
+]
+
+IGNORED: dict[str, str] = {
+    "cluster": "AReaL's cluster (nodes, GPUs per node, file root, name resolution); here "
+    "`accelerate launch` starts the processes and output_dir holds the files",
+    "scheduler": "AReaL's single-controller scheduler; no scheduler here",
+    "perf_tracer": "AReaL's performance tracer; timing/* metrics and docs/performance.md here",
+    "launcher": "AReaL's launcher resources (CPUs, memory per GPU)",
+    "enable_offload": "AReaL's torch_memory_saver offload of colocated engines (GPU memory only)",
+    "async_training": "asynchronous rollout follows rollout.backend here (rollout.mode)",
+    "name_resolve": "AReaL's name resolution (NFS/etcd); the servers' addresses are in-process",
+    **{
+        f"{section}.{key}": "AReaL's per-section run names and file root; here the top-level "
+        "experiment_name, trial_name and output_dir"
+        for section in [*_NAMED_SECTIONS, "perf_tracer"]
+        for key in ("experiment_name", "trial_name", "fileroot")
+    },
+    "*.scheduling_spec": "AReaL's worker resources (GPUs, CPUs, memory, command, environment)",
+    "*.scheduling_strategy": "AReaL's placement (colocation); the reference always sits with "
+    "the actor here",
+    "rollout.enable_rollout_tracing": "AReaL's per-request trace log; our servers log to "
+    "output_dir/logs",
+    "rollout.dump_to_file": "AReaL's trajectory dump under fileroot",
+    "*.weight_update_mode": "how AReaL sends weights (NCCL/disk); the engine decides here "
+    "(in memory, or disk for servers)",
+    "*.pin_memory": "DataLoader pinned memory (AReaL's loader); prompts are tokenized up front",
+    "*.num_workers": "DataLoader worker processes (AReaL's loader)",
+    "ref.optimizer": "the reference is never trained",
+    "ref.disable_dropout": "the reference always runs in eval mode (no dropout)",
+    "*.init_from_scratch": "only false is supported (the weights at path are loaded)",
+    "sglang.skip_tokenizer_init": "the rollout always sends token ids",
+    "sglang.max_running_requests": "SGLang's own batching limit (rollout.max_concurrent_rollouts "
+    "bounds requests here)",
+    "sglang.context_length": "SGLang's context window; our servers take any prompt + "
+    "max_new_tokens",
+    "sglang.mem_fraction_static": "SGLang's GPU memory share",
+    "vllm.skip_tokenizer_init": "the rollout always sends token ids",
+}
+"""AReaL keys with no meaning here (dotted, ``*`` any section; a section name covers all
+its keys) and why: dropped and listed in one warning line."""
+
+_ONLY_FALSE = ("init_from_scratch",)
+"""Ignored keys whose only supported value is false."""
+
+_RENAMED: dict[str, str] = {
+    "actor.attn_impl": "actor.attn_implementation",
+    "critic.attn_impl": "critic.attn_implementation",
+    "ref.attn_impl": "ref.attn_implementation",
+    "train_dataset.max_length": "train_dataset.max_prompt_length",
+    "valid_dataset.max_length": "valid_dataset.max_prompt_length",
+    "vllm.dtype": "rollout.vllm.dtype",
+    "vllm.max_model_len": "rollout.vllm.max_model_len",
+    "vllm.gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
+    "vllm.enable_sleep_mode": "rollout.vllm.enable_sleep_mode",
+    "evaluator.eval_before_train": "evaluator.eval_at_start",
+    "actor.dynamic_sampling": "rollout.dynamic_filtering",
+}
+
+_EQUAL: dict[str, str] = {
+    "actor.max_new_tokens": "gconfig.max_new_tokens",
+    "actor.group_size": "gconfig.n_samples",
+    "rollout.tokenizer_path": "tokenizer_path",
+    "vllm.model": "actor.path",
+    "sglang.model_path": "actor.path",
+    "vllm.seed": "seed",
+    "sglang.random_seed": "seed",
+    "sglang.dtype": "actor.dtype",
+    "ref.backend": "actor.backend",
+}
+"""AReaL keys that repeat another key here: checked equal, then dropped."""
+
+MAPPED: dict[str, str] = {
+    **{k: f"renamed: {v}" for k, v in _RENAMED.items()},
+    **{k: f"must equal {v} (one setting here), then dropped" for k, v in _EQUAL.items()},
+    "actor.backend": "'fsdp:dN...': backend fsdp2 (ddp for d1) and data_parallel_size N",
+    "critic.backend": "as actor.backend",
+    "rollout.backend": "'vllm:dN...'/'sglang:dN...': rollout.backend vllm/hf, rollout.mode "
+    "async, rollout.staleness 0, rollout.n_servers N (vLLM tN/pN: server_args)",
+    "allocation_mode": "'<rollout>+<train>': as rollout.backend and actor.backend",
+    "*.optimizer.type": "adam: adamw (AReaL's 'adam' is torch.optim.AdamW)",
+    "recover.mode": "on: auto, off: disabled",
+    "rollout.max_concurrent_rollouts": "AReaL counts prompt groups: multiplied by "
+    "gconfig.n_samples",
+    "actor.behave_imp_weight_cap": "rejection_sampling {level token, action mask, metric "
+    "ratio, upper: the cap} (AReaL's documented migration)",
+    "actor.behav_imp_weight_cap": "as actor.behave_imp_weight_cap",
+    "actor.behave_imp_weight_mode": "rejection_sampling level/action (token_mask, "
+    "token_truncate, sequence_mask, sequence_truncate)",
+    "actor.behav_imp_weight_mode": "as actor.behave_imp_weight_mode",
+    "actor.rejection_sampling": "AReaL's defaults for what the file leaves out (upper 5.0); "
+    "its behaviour weight is applied (actor.use_behave_imp_weight)",
+    "actor.use_decoupled_loss": "true also sets recompute_logprob, as in AReaL",
+}
+"""AReaL keys rewritten onto this trainer's and how (for the docs and
+:func:`areal_key_status`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# detection, defaults, classification
+# ---------------------------------------------------------------------------------------------
+
+
+def looks_like_areal(data: Mapping[str, Any]) -> bool:
+    """Whether a file's top-level mapping is AReaL's: ``areal_compat: true`` or a key only
+    AReaL's files have."""
+    return data.get(SWITCH) is True or any(key in data for key in AREAL_MARKERS)
+
+
+def apply_areal_defaults(tree: dict[str, Any]) -> None:
+    """Set :data:`AREAL_DEFAULTS` into a default tree (before a file is merged)."""
+    for key, value in AREAL_DEFAULTS.items():
+        _set(tree, key, value)
+
+
+def _matches(key: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, pattern + ".*")
+
+
+def _rule(key: str, table: Mapping[str, str]) -> str | None:
+    return next((p for p in table if _matches(key, p)), None)
+
+
+def areal_key_status(key: str) -> str:
+    """``"ignored"``, ``"mapped"`` or ``"honoured"`` (kept with its name and meaning) for a
+    dotted key of an AReaL file."""
+    if _rule(key, IGNORED) is not None:
+        return "ignored"
+    if _rule(key, MAPPED) is not None:
+        return "mapped"
+    return "honoured"
+
+
+def leaf_items(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a nested mapping (lists and empty mappings
+    are leaves)."""
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value:
+            yield from leaf_items(value, key + ".")
+        else:
+            yield key, value
+
+
+# ---------------------------------------------------------------------------------------------
+# dotted access on plain trees
+# ---------------------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _get(tree: Mapping[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _pop(tree: dict[str, Any], key: str) -> Any:
+    *parents, last = key.split(".")
+    node: Any = tree
+    for part in parents:
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    if not isinstance(node, dict):
+        return _MISSING
+    return node.pop(last, _MISSING)
+
+
+def _set(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+# ---------------------------------------------------------------------------------------------
+# the translation
+# ---------------------------------------------------------------------------------------------
+
+
+def translate(tree: dict[str, Any]) -> list[str]:
+    """Rewrite a merged, resolved tree that holds an AReaL file's keys into this trainer's
+    keys, in place. Returns the sorted AReaL keys dropped as meaningless here (:data:`IGNORED`).
+
+    Raises:
+        ConfigError: a value this trainer cannot honour, or two keys that disagree.
+    """
+    tree.pop(SWITCH, None)
+    ignored = _drop_ignored(tree)
+    for key, target in _EQUAL.items():
+        _check_equal(tree, key, target)
+    for key, target in _RENAMED.items():
+        value = _pop(tree, key)
+        if value is not _MISSING:
+            _set(tree, target, value)
+    _map_values(tree)
+    _map_backends(tree)
+    for section in ("sglang", "vllm"):  # emptied by the renames and checks above
+        if tree.get(section) in ({}, None):
+            tree.pop(section, None)
+    return ignored
+
+
+def _drop_ignored(tree: dict[str, Any]) -> list[str]:
+    """Pop every :data:`IGNORED` leaf (and the sections that leaves empty); their keys."""
+    dropped = []
+    for key, value in list(leaf_items(tree)):
+        if _rule(key, IGNORED) is None:
+            continue
+        if key.rsplit(".", 1)[-1] in _ONLY_FALSE and value not in (False, None):
+            raise ConfigError(key, f"{value!r} is not supported: {IGNORED['*.init_from_scratch']}")
+        _pop(tree, key)
+        dropped.append(key)
+        parent = key.rpartition(".")[0]
+        while parent and _get(tree, parent) == {}:
+            _pop(tree, parent)
+            parent = parent.rpartition(".")[0]
+    return sorted(dropped)
+
+
+def _check_equal(tree: dict[str, Any], key: str, target: str) -> None:
+    value = _pop(tree, key)
+    if value is _MISSING:
+        return
+    want = _get(tree, target)
+    if target == "tokenizer_path" and want is None:
+        want = _get(tree, "actor.path")
+    if value != want:
+        raise ConfigError(
+            key,
+            f"must equal {target} ({want!r}): this trainer has one setting for both, got {value!r}",
+        )
+
+
+_IMP_WEIGHT_MODES = {
+    "token_mask": ("token", "mask"),
+    "token_truncate": ("token", "clamp"),
+    "sequence_mask": ("sequence", "mask"),
+    "sequence_truncate": ("sequence", "clamp"),
+}
+
+
+def _map_values(tree: dict[str, Any]) -> None:
+    """The value rewrites of :data:`MAPPED` other than the backend strings."""
+    for section in ("actor", "critic"):
+        key = f"{section}.optimizer.type"
+        kind = _get(tree, key)
+        if kind == "adam":
+            _set(tree, key, "adamw")
+        elif kind == "adam_bf16":
+            raise ConfigError(key, "'adam_bf16' (bf16 optimizer states) is not supported; use adam")
+    mode = _get(tree, "recover.mode")
+    if mode in ("on", "off"):
+        _set(tree, "recover.mode", "auto" if mode == "on" else "disabled")
+    concurrent = _get(tree, "rollout.max_concurrent_rollouts")
+    if isinstance(concurrent, int) and not isinstance(concurrent, bool):
+        _set(tree, "rollout.max_concurrent_rollouts", concurrent * _get(tree, "gconfig.n_samples"))
+    _map_imp_weight_cap(tree)
+    rs = _get(tree, "actor.rejection_sampling")
+    if isinstance(rs, dict) and "upper" not in rs:
+        rs["upper"] = 5.0
+    # AReaL applies the behaviour weight through rejection sampling only
+    _set(tree, "actor.use_behave_imp_weight", isinstance(rs, dict))
+    if _get(tree, "actor.use_decoupled_loss") is True:  # AReaL: it implies the recompute
+        _set(tree, "actor.recompute_logprob", True)
+
+
+def _map_imp_weight_cap(tree: dict[str, Any]) -> None:
+    """AReaL's removed ``behave_imp_weight_cap``/``_mode`` (and their older spelling
+    ``behav_...``) as the ``rejection_sampling`` section AReaL documents for them."""
+    cap, mode, cap_key = _MISSING, "token_mask", "actor.behave_imp_weight_cap"
+    for spelling in ("behave", "behav"):
+        found = _pop(tree, f"actor.{spelling}_imp_weight_cap")
+        if found is not _MISSING:
+            cap, cap_key = found, f"actor.{spelling}_imp_weight_cap"
+        found_mode = _pop(tree, f"actor.{spelling}_imp_weight_mode")
+        if found_mode is not _MISSING:
+            mode = found_mode
+    if cap is _MISSING or cap is None or mode == "disabled":
+        return
+    if mode not in _IMP_WEIGHT_MODES:
+        raise ConfigError(
+            cap_key.replace("_cap", "_mode"),
+            f"must be one of {[*_IMP_WEIGHT_MODES, 'disabled']}, got {mode!r}",
+        )
+    if _get(tree, "actor.rejection_sampling") not in (None, _MISSING):
+        raise ConfigError(cap_key, "give rejection_sampling or the cap it replaces, not both")
+    level, action = _IMP_WEIGHT_MODES[mode]
+    section = {"level": level, "action": action, "metric": "ratio", "upper": cap}
+    _set(tree, "actor.rejection_sampling", section)
+
+
+# ---------------------------------------------------------------------------------------------
+# AReaL's backend / allocation strings
+# ---------------------------------------------------------------------------------------------
+
+_ALLOCATION = re.compile(r"^(?:(?P<engine>[a-z_0-9]+)[:.])?(?P<dims>(?:[a-z]\d+)+)$")
+
+
+def _parse(key: str, text: str) -> tuple[str | None, dict[str, int]]:
+    """``(engine or None, {letter: size})`` of an AReaL allocation string like
+    ``sglang:d4p1t1``; each of d (data), p (pipeline), t (tensor) defaults to 1."""
+    match = _ALLOCATION.match(text.strip())
+    if match is None:
+        raise ConfigError(
+            key, f"{text!r} is not an AReaL backend string like 'fsdp:d4p1t1' or 'vllm:d1p1t1'"
+        )
+    dims = {"d": 1, "p": 1, "t": 1}
+    for letter, size in re.findall(r"([a-z])(\d+)", match["dims"]):
+        dims[letter] = int(size)
+    extra = [f"{k}{v}" for k, v in dims.items() if k not in "dpt" and v != 1]
+    if extra:
+        raise ConfigError(
+            key, f"{text!r}: {', '.join(extra)} (context/expert parallel) is not supported"
+        )
+    return match["engine"], dims
+
+
+def _map_backends(tree: dict[str, Any]) -> None:
+    alloc = _pop(tree, "allocation_mode")
+    if isinstance(alloc, str) and alloc:
+        rollout, _, train = alloc.rpartition("+") if "+" in alloc else ("", "", alloc)
+        if rollout:
+            _set(tree, "rollout.backend", rollout.replace(".", ":", 1))
+        if _get(tree, "actor.backend") in ("ddp", _MISSING):
+            _set(tree, "actor.backend", train)
+    for section in ("actor", "critic"):
+        value = _get(tree, f"{section}.backend")
+        if isinstance(value, str) and value not in ("ddp", "fsdp2"):
+            _map_train_backend(tree, section, value)
+    value = _get(tree, "rollout.backend")
+    if isinstance(value, str) and value not in ("hf", "vllm"):
+        _map_rollout_backend(tree, value)
+
+
+def _map_train_backend(tree: dict[str, Any], section: str, text: str) -> None:
+    key = f"{section}.backend"
+    if text.strip() == "fsdp":
+        _set(tree, key, "fsdp2")
+        return
+    engine, dims = _parse(key, text)
+    if engine not in (None, "fsdp"):
+        raise ConfigError(
+            key,
+            f"{text!r}: the {engine} backend is not supported; this trainer shards with FSDP2 "
+            f"over data-parallel processes: use 'fsdp:dN'",
+        )
+    if dims["p"] != 1 or dims["t"] != 1:
+        raise ConfigError(
+            key,
+            f"{text!r}: pipeline/tensor parallelism (p{dims['p']}, t{dims['t']}) is not "
+            "supported; this trainer shards with FSDP2 over data-parallel processes only",
+        )
+    _set(tree, key, "fsdp2" if dims["d"] > 1 else "ddp")
+    _set(tree, f"{section}.data_parallel_size", dims["d"])
+
+
+def _map_rollout_backend(tree: dict[str, Any], text: str) -> None:
+    key = "rollout.backend"
+    engine, dims = _parse(key, text)
+    if engine not in ("sglang", "vllm"):
+        raise ConfigError(
+            key,
+            f"{text!r}: the rollout engine must be sglang (this trainer's SGLang-protocol "
+            "servers, or SGLang servers listed in rollout.server_addrs) or vllm",
+        )
+    parallel = dims["t"] != 1 or dims["p"] != 1
+    if engine == "sglang" and parallel and not _get(tree, "rollout.server_addrs"):
+        raise ConfigError(
+            key,
+            f"{text!r}: the servers this trainer starts hold the model on one device; start "
+            "tensor/pipeline-parallel SGLang servers yourself and list them in "
+            "rollout.server_addrs",
+        )
+    if engine == "vllm" and parallel:
+        if _get(tree, "rollout.vllm.placement") == "in_process":
+            raise ConfigError(
+                key, f"{text!r}: tensor/pipeline parallel vLLM needs rollout.vllm.placement=servers"
+            )
+        args = list(_get(tree, "rollout.vllm.server_args") or [])
+        args += ["--tensor-parallel-size", str(dims["t"])] if dims["t"] != 1 else []
+        args += ["--pipeline-parallel-size", str(dims["p"])] if dims["p"] != 1 else []
+        _set(tree, "rollout.vllm.server_args", args)
+    _set(tree, key, "vllm" if engine == "vllm" else "hf")
+    _set(tree, "rollout.mode", "async")
+    _set(tree, "rollout.staleness", 0)
+    _set(tree, "rollout.n_servers", dims["d"])
