@@ -1069,8 +1069,8 @@ class VLLMConfig:
     )
     max_model_len: int | None = _field(
         None,
-        "Context length vLLM reserves for (null: train_dataset.max_prompt_length + "
-        "gconfig.max_new_tokens; AReaL key: vllm.max_model_len).",
+        "Context length vLLM reserves for; at least the episode budget (null: "
+        "rollout.max_episode_tokens, as set or derived; AReaL key: vllm.max_model_len).",
     )
     kv_cache_gib: int = _field(1, "CPU only: KV cache GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float | None = _field(
@@ -1151,6 +1151,24 @@ class RolloutConfig:
     )
     workflow_kwargs: dict[str, Any] | None = _field(
         None, "Keyword arguments of the workflow's constructor (a mapping; null: none)."
+    )
+    max_episode_tokens: int | None = _field(
+        None,
+        "Token budget of one episode: its prompt and every token after it, generated or "
+        "inserted (tool results, environment and user turns). Every workflow keeps to it (a "
+        "turn gets at most what is left; an episode with no room left ends with finish "
+        "reason 'length'), the agent endpoint clips or refuses calls past it, no training row "
+        "is longer, and vLLM's max_model_len is derived from it. AReaL's gconfig.max_tokens "
+        "(prompt + generated tokens of a request; an episode's last request holds all of it). "
+        "null: the longest prompt the datasets keep plus one turn, max(train_dataset, "
+        "valid_dataset).max_prompt_length + gconfig.max_new_tokens (docs/rollout.md).",
+    )
+    episode_timeout_s: float | None = _field(
+        3600.0,
+        "Seconds one episode may run (an agent that never returns, a tool that hangs): past "
+        "it the episode is cancelled (an agent's endpoint session closed), its group dropped "
+        "and counted in rollout/n_episode_timeouts, and the run goes on; an evaluation episode "
+        "past it counts as failed (eval/timed_out). null: no limit.",
     )
     backend: str = _field(
         "hf",
@@ -1273,6 +1291,10 @@ class RolloutConfig:
                 f"must be one of {', '.join(builtin)} or a dotted path 'module:Name', "
                 f"got {self.workflow!r}",
             )
+        _check_number(
+            "max_episode_tokens", self.max_episode_tokens, ge=2, integer=True, optional=True
+        )
+        _check_number("episode_timeout_s", self.episode_timeout_s, gt=0, optional=True)
         if self.workflow_kwargs is not None and not (
             isinstance(self.workflow_kwargs, dict)
             and all(isinstance(k, str) for k in self.workflow_kwargs)
@@ -1654,6 +1676,22 @@ def _default_actor() -> ActorConfig:
     return ActorConfig(m2_threshold=0.04, use_decoupled_loss=True)
 
 
+def _max_positions_of(model_path: str | None) -> int | None:
+    """``max_position_embeddings`` of the model at ``model_path`` when it is a local folder
+    whose ``config.json`` says (read as JSON, no model code); None otherwise."""
+    import json
+    import os
+
+    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            value = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _default_rollout() -> RolloutConfig:
     # one step of lag, as in a one-step-ahead asynchronous pipeline, so M2PO has work to do
     return RolloutConfig(staleness=1)
@@ -1702,6 +1740,49 @@ class PPOConfig:
         _validate_sections(self)
         self._check_combinations()
         self._check_behaviour_logprobs()
+
+    @property
+    def episode_budget(self) -> int:
+        """``rollout.max_episode_tokens`` resolved (tokens): as set, else the longest prompt
+        either dataset keeps plus one turn of ``gconfig.max_new_tokens``."""
+        if self.rollout.max_episode_tokens is not None:
+            return int(self.rollout.max_episode_tokens)
+        return self._longest_prompt()[1] + self.gconfig.max_new_tokens
+
+    def _longest_prompt(self) -> tuple[str, int]:
+        """The dataset key that keeps the longest prompts, and that length."""
+        train, valid = self.train_dataset.max_prompt_length, self.valid_dataset.max_prompt_length
+        if valid > train:
+            return "valid_dataset.max_prompt_length", valid
+        return "train_dataset.max_prompt_length", train
+
+    def _check_episode_budget(self) -> None:
+        """The episode budget holds a prompt and a turn, and fits the model's positions and
+        vLLM's context."""
+        budget, explicit = self.episode_budget, self.rollout.max_episode_tokens is not None
+        key, prompt = self._longest_prompt()
+        new = self.gconfig.max_new_tokens
+        if explicit and budget < prompt + new:
+            raise ConfigError(
+                "rollout.max_episode_tokens",
+                f"{budget} cannot hold a prompt of {key} ({prompt}) and a turn of "
+                f"gconfig.max_new_tokens ({new}): set at least {prompt + new}, or null",
+            )
+        origin = "rollout.max_episode_tokens" if explicit else f"{key} + gconfig.max_new_tokens"
+        positions = _max_positions_of(self.actor.path)
+        if positions is not None and budget > positions:
+            raise ConfigError(
+                "rollout.max_episode_tokens",
+                f"the episode budget {budget} ({origin}) exceeds the model's "
+                f"max_position_embeddings ({positions}, {self.actor.path}/config.json)",
+            )
+        vllm_len = self.rollout.vllm.max_model_len
+        if vllm_len is not None and vllm_len < budget:
+            raise ConfigError(
+                "rollout.vllm.max_model_len",
+                f"{vllm_len} cannot hold an episode of {budget} tokens ({origin}); set at "
+                f"least {budget}, or null to derive it",
+            )
 
     def _behaviour_logprob_reader(self) -> str | None:
         """The actor setting that makes training read the behaviour log-probs, if any."""
@@ -1753,6 +1834,7 @@ class PPOConfig:
         self._check_critic_baseline()
         self._check_async_rollout()
         self._check_areal_batches()
+        self._check_episode_budget()
         if self.teacher is not None and self.teacher.path is None:
             raise ConfigError("teacher.path", "must be set when the teacher section is on")
 

@@ -303,7 +303,9 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def pause(self) -> None:
         """Stop generating soon: running completions are interrupted (and continued after
-        :meth:`resume`), new requests wait. Returns once nothing is being generated."""
+        :meth:`resume`), new requests wait. Returns once nothing is being generated. An
+        engine that cannot interrupt a running batch (vLLM in process) lets it finish and
+        says so in its own docstring."""
 
     @abc.abstractmethod
     def resume(self) -> None:

@@ -39,6 +39,7 @@ workflow can import it.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,11 @@ class WorkflowContext:
             :class:`areal_m2po.rollout.rewards.RewardSources`: ``await
             reward.ascore(records, completions)`` scores completions with every source;
             its ``finish_batch(groups)`` applies batch-level normalisation.
+        max_episode_tokens: the episode budget (``rollout.max_episode_tokens`` resolved):
+            no trajectory may hold more tokens, prompt and inserted tokens included; every
+            engine call of an episode asks for at most what is left
+            (:meth:`turn_sampling`). The trainer always sets it; None (a context built by
+            hand): no budget.
     """
 
     tokenizer: Any
@@ -164,6 +170,26 @@ class WorkflowContext:
     sampling: SamplingParams
     eos_token_ids: list[int]
     reward: Any
+    max_episode_tokens: int | None = None
+
+    def turn_sampling(
+        self, context_len: int, sampling: SamplingParams | None = None
+    ) -> SamplingParams | None:
+        """``sampling`` (default: :attr:`sampling`) for an engine call that continues an
+        episode of ``context_len`` tokens: ``max_new_tokens`` (and ``min_new_tokens`` with it)
+        cut to what the episode budget has left; None when not one token fits (the episode
+        is over: finish reason ``length``)."""
+        base = sampling if sampling is not None else self.sampling
+        if self.max_episode_tokens is None:
+            return base
+        left = self.max_episode_tokens - context_len
+        if left >= base.max_new_tokens:
+            return base
+        if left < 1:
+            return None
+        return dataclasses.replace(
+            base, max_new_tokens=left, min_new_tokens=min(base.min_new_tokens, left)
+        )
 
 
 class RolloutWorkflow(abc.ABC):

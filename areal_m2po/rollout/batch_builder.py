@@ -16,8 +16,15 @@ from areal_m2po.utils.data import Batch
 __all__ = ["check_groups", "groups_to_batch", "sum_group_stats"]
 
 
-def check_groups(groups: Sequence[TrajectoryGroup], n_samples: int, workflow: str) -> None:
-    """Raise one line naming ``workflow`` unless every group holds ``n_samples`` trajectories."""
+def check_groups(
+    groups: Sequence[TrajectoryGroup],
+    n_samples: int,
+    workflow: str,
+    max_episode_tokens: int | None = None,
+) -> None:
+    """Raise one line naming ``workflow`` unless every group holds ``n_samples`` trajectories
+    of at most ``max_episode_tokens`` tokens each (the episode budget; None: any length), so
+    no row of the batch is longer than one episode may be."""
     for g in groups:
         if not isinstance(g, TrajectoryGroup):
             raise TypeError(
@@ -29,6 +36,14 @@ def check_groups(groups: Sequence[TrajectoryGroup], n_samples: int, workflow: st
                 f"rollout.workflow {workflow}: a group holds {len(g)} trajectories, "
                 f"gconfig.n_samples is {n_samples}"
             )
+        for t in g.trajectories if max_episode_tokens is not None else ():
+            if len(t.input_ids) > max_episode_tokens:
+                raise ValueError(
+                    f"rollout.workflow {workflow}: a trajectory holds {len(t.input_ids)} "
+                    f"tokens, more than rollout.max_episode_tokens ({max_episode_tokens}); "
+                    "an episode must end once its budget is spent "
+                    "(WorkflowContext.turn_sampling)"
+                )
 
 
 def groups_to_batch(groups: Sequence[TrajectoryGroup], pad_id: int) -> Batch:

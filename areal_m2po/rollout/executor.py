@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -32,14 +32,67 @@ from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
 
-__all__ = ["Policy", "RefusalCount", "RolloutExecutor", "RolloutSetup", "arun_group"]
+__all__ = [
+    "Policy",
+    "RefusalCount",
+    "RolloutExecutor",
+    "RolloutSetup",
+    "arun_group",
+    "arun_within",
+]
 
 logger = logging.getLogger("areal_m2po.rollout")
+
+T = TypeVar("T")
 
 Policy = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 """Gives the trainer's current full weights as ``(name, tensor)`` pairs (consumed once)."""
 
 _REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
+
+CANCEL_GRACE_S = 10.0
+"""Seconds an episode cancelled at its timeout gets to unwind (close its session, its
+requests) before it is left running and the run goes on without it."""
+
+
+class _TimedOut:
+    """What :func:`arun_within` returns for a coroutine that ran past its timeout."""
+
+    def __repr__(self) -> str:
+        return "TIMED_OUT"
+
+
+TIMED_OUT: Any = _TimedOut()
+
+
+async def arun_within(start: Callable[[], Coroutine[Any, Any, T]], timeout_s: float | None) -> T:
+    """``await start()``, or :data:`TIMED_OUT` once it has run ``timeout_s`` seconds (None: no
+    limit). Past the limit it is cancelled and given :data:`CANCEL_GRACE_S` seconds to unwind;
+    one that ignores the cancellation is left running (a warning says so). Cancelling this
+    call cancels it. (``start`` makes the coroutine only once this call runs, so a call
+    cancelled before it starts leaves no coroutine never awaited.)"""
+    if timeout_s is None:
+        return await start()
+    task = asyncio.ensure_future(start())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if task in done:
+            return task.result()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        logger.warning(
+            "an episode past its timeout ignored its cancellation for %gs; left running",
+            CANCEL_GRACE_S,
+        )
+    elif not task.cancelled() and task.exception() is not None:
+        logger.warning(
+            "an episode past its timeout failed as it was cancelled: %s", task.exception()
+        )
+    return TIMED_OUT
 
 
 async def arun_group(
@@ -48,14 +101,35 @@ async def arun_group(
     record: dict[str, Any],
     n_samples: int,
     workflow_name: str = "rlvr",
+    episode_timeout_s: float | None = None,
+    on_timeout: Callable[[int], None] | None = None,
 ) -> TrajectoryGroup | None:
     """The group of one record: ``n_samples`` episodes of ``workflow`` at once, then its
     :meth:`~areal_m2po.api.workflow_api.RolloutWorkflow.afinish_group`; None when an episode
     or the group was dropped. ``workflow_name`` (``rollout.workflow``) names the workflow in
-    the one-line error of an episode that returns something else than a Trajectory or None."""
+    the one-line error of an episode that returns something else than a Trajectory or None.
+
+    An episode still running after ``episode_timeout_s`` seconds (``rollout.episode_timeout_s``;
+    None: no limit) is cancelled and its group dropped; ``on_timeout(k)`` is told how many of
+    the group's episodes timed out."""
     episodes = await gather_or_cancel(
-        *(workflow.arun_episode(engine, record) for _ in range(n_samples))
+        *(
+            arun_within(lambda: workflow.arun_episode(engine, record), episode_timeout_s)
+            for _ in range(n_samples)
+        )
     )
+    timed_out = sum(t is TIMED_OUT for t in episodes)
+    if timed_out:
+        logger.warning(
+            "rollout.episode_timeout_s: %d of %d episodes of record %r ran past %gs; group dropped",
+            timed_out,
+            n_samples,
+            str(record.get("question"))[:60],
+            episode_timeout_s,
+        )
+        if on_timeout is not None:
+            on_timeout(timed_out)
+        return None
     for t in episodes:
         if t is not None and not isinstance(t, Trajectory):
             raise TypeError(
@@ -99,6 +173,8 @@ class RolloutSetup:
         context: what the workflow was built with (tokenizer, sampling, reward sources).
         pad_id: padding token id of the batch layout.
         workflow_name: ``rollout.workflow`` as configured (for error messages).
+        episode_timeout_s: ``rollout.episode_timeout_s``: seconds one episode (or one
+            evaluation episode) may run; None: no limit.
     """
 
     engine: InferenceEngine
@@ -106,6 +182,7 @@ class RolloutSetup:
     context: WorkflowContext
     pad_id: int
     workflow_name: str = "rlvr"
+    episode_timeout_s: float | None = None
 
 
 class RolloutExecutor(abc.ABC):
@@ -118,7 +195,10 @@ class RolloutExecutor(abc.ABC):
         self.context = setup.context
         self.pad_id = setup.pad_id
         self.workflow_name = setup.workflow_name
+        self.episode_timeout_s = setup.episode_timeout_s
         self.n_samples = setup.context.gconfig.n_samples
+        self._timeouts = 0  # episodes timed out since the last batch was built
+        self._timeouts_lock = threading.Lock()  # (async mode counts on its loop thread)
         self.queue: collections.deque[tuple[Batch, dict[str, float]]] = collections.deque()
         self.n_rollouts = 0  # batches generated so far (sync mode: seeds the sampler)
         self.refused = RefusalCount()
@@ -186,7 +266,13 @@ class RolloutExecutor(abc.ABC):
         served, the engine is fine, so the run goes on without it)."""
         try:
             return await arun_group(
-                self.workflow, self.engine, record, self.n_samples, self.workflow_name
+                self.workflow,
+                self.engine,
+                record,
+                self.n_samples,
+                self.workflow_name,
+                self.episode_timeout_s,
+                self._count_timeouts,
             )
         except RequestError as exc:
             self.refused.add(str(exc))
@@ -194,19 +280,31 @@ class RolloutExecutor(abc.ABC):
             logger.warning("record %r dropped: the engine refused it: %s", question, exc)
             return None
 
+    def _count_timeouts(self, n: int) -> None:
+        with self._timeouts_lock:
+            self._timeouts += n
+
+    def _take_timeouts(self) -> int:
+        """Episodes timed out since the last call."""
+        with self._timeouts_lock:
+            n, self._timeouts = self._timeouts, 0
+        return n
+
     def _build(
         self, groups: Sequence[TrajectoryGroup | None], epoch: int, gen_s: float
     ) -> tuple[Batch, dict[str, float]]:
         """The batch of the kept groups (in order) and its metrics."""
         kept = [g for g in groups if g is not None]
         n_refused, reason = self.refused.take()
+        timeouts = self._take_timeouts()
         if not kept:
-            why = f"; {n_refused} refused by the engine, e.g. {reason}" if n_refused else ""
+            why = f", {timeouts} episodes past rollout.episode_timeout_s" if timeouts else ""
+            why += f"; {n_refused} refused by the engine, e.g. {reason}" if n_refused else ""
             raise RuntimeError(
                 f"rollout.workflow {self.workflow_name}: every group of a batch was dropped "
-                f"({len(groups)} episodes returned None{why}); nothing to train on"
+                f"({len(groups)} groups{why}); nothing to train on"
             )
-        check_groups(kept, self.n_samples, self.workflow_name)
+        check_groups(kept, self.n_samples, self.workflow_name, self.context.max_episode_tokens)
         finish = self.workflow.finish_batch(kept)
         info: dict[str, float] = dict.fromkeys(_REWARD_COUNTS, 0.0)
         info["timing/reward_s"] = 0.0
@@ -217,6 +315,7 @@ class RolloutExecutor(abc.ABC):
                 "rollout/epoch": float(epoch),
                 "rollout/n_dropped_groups": float(len(groups) - len(kept)),
                 "rollout/n_refused_groups": float(n_refused),
+                "rollout/n_episode_timeouts": float(timeouts),
                 **finish,
                 **self.engine.metrics(),
             }
@@ -225,22 +324,32 @@ class RolloutExecutor(abc.ABC):
 
     def evaluate(self, records: Sequence[dict[str, Any]], batch_size: int) -> dict[str, float]:
         """Sums over ``records`` (``batch_size`` at a time), held-out evaluation: ``n``,
-        ``correct`` and every name of the workflow's ``eval_metrics`` (always all present, so
-        ranks can reduce them in one order). A record is evaluated by the workflow's
-        :meth:`~areal_m2po.api.workflow_api.RolloutWorkflow.aevaluate` (a whole greedy
-        episode), or when that gives None by one greedy completion of its prompt, correct
-        when its verifiable reward exceeds 0.5."""
+        ``correct``, every name of the workflow's ``eval_metrics`` and ``timed_out`` (always
+        all present, so ranks can reduce them in one order). A record is evaluated by the
+        workflow's :meth:`~areal_m2po.api.workflow_api.RolloutWorkflow.aevaluate` (a whole
+        greedy episode), or when that gives None by one greedy completion of its prompt,
+        correct when its verifiable reward exceeds 0.5. An evaluation episode past
+        ``episode_timeout_s`` counts as failed: ``timed_out`` 1, every other value 0."""
         return self.run(self._evaluate(list(records), batch_size))
 
     async def _evaluate(self, records: list[dict[str, Any]], batch_size: int) -> dict[str, float]:
         names = tuple(self.workflow.eval_metrics)
-        sums = dict.fromkeys(("n", "correct", *names), 0.0)
+        sums = dict.fromkeys(("n", "correct", *names, "timed_out"), 0.0)
         for i in range(0, len(records), batch_size):
             chunk = records[i : i + batch_size]
             results = await gather_or_cancel(
-                *(self.workflow.aevaluate(self.engine, dict(r)) for r in chunk)
+                *(arun_within(self._evaluation(r), self.episode_timeout_s) for r in chunk)
             )
             for r, result in zip(chunk, results):
+                if result is TIMED_OUT:
+                    logger.warning(
+                        "rollout.episode_timeout_s: the evaluation episode of record %r ran "
+                        "past %gs; counted as failed",
+                        str(r.get("question"))[:60],
+                        self.episode_timeout_s,
+                    )
+                    sums["timed_out"] += 1.0
+                    continue
                 if result is None:
                     continue
                 missing = {"correct", *names} - set(result)
@@ -256,6 +365,12 @@ class RolloutExecutor(abc.ABC):
                 sums["correct"] += await self._evaluate_single_turn(plain)
             sums["n"] += len(chunk)
         return sums
+
+    def _evaluation(
+        self, record: dict[str, Any]
+    ) -> Callable[[], Coroutine[Any, Any, dict[str, float] | None]]:
+        """Starts the workflow's evaluation of ``record`` (on a copy)."""
+        return lambda: self.workflow.aevaluate(self.engine, dict(record))
 
     async def _evaluate_single_turn(self, records: list[dict[str, Any]]) -> float:
         """How many greedy completions of ``records`` score a verifiable reward above 0.5."""

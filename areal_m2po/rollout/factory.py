@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.cli_args import PPOConfig
+from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.engine.builtin_models import resolve_model_path
@@ -40,7 +40,13 @@ from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.workflows import build_workflow
 
-__all__ = ["RolloutParts", "build_rollout", "eos_token_ids", "server_api_key"]
+__all__ = [
+    "RolloutParts",
+    "build_rollout",
+    "eos_token_ids",
+    "server_api_key",
+    "vllm_max_model_len",
+]
 
 
 @dataclass
@@ -88,9 +94,30 @@ def _pad_id(tokenizer: Any, eos_ids: list[int]) -> int:
     return int(pad) if pad is not None else eos_ids[0]
 
 
+def vllm_max_model_len(cfg: PPOConfig) -> int:
+    """The context length vLLM reserves for: ``rollout.vllm.max_model_len``, else the episode
+    budget (``rollout.max_episode_tokens`` as set or derived), so no episode outgrows it."""
+    return cfg.rollout.vllm.max_model_len or cfg.episode_budget
+
+
+def check_model_positions(cfg: PPOConfig, model_config: Any) -> None:
+    """ConfigError when the episode budget exceeds the policy's ``max_position_embeddings``
+    (read from its loaded config: models the config check could not read, e.g. builtin:)."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    budget = cfg.episode_budget
+    if isinstance(positions, int) and budget > positions:
+        raise ConfigError(
+            "rollout.max_episode_tokens",
+            f"the episode budget {budget} exceeds the model's max_position_embeddings "
+            f"({positions}, {cfg.actor.path}); set rollout.max_episode_tokens (or the "
+            "datasets' max_prompt_length) lower",
+        )
+
+
 def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     """The executor, engine and workflow of ``cfg.rollout`` (the engine not yet started)."""
     roll = cfg.rollout
+    check_model_positions(cfg, parts.model_config)
     engine: InferenceEngine
     if roll.backend == "vllm":
         engine = _vllm_engine(cfg, parts)
@@ -109,10 +136,16 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         sampling=SamplingParams.from_gconfig(cfg.gconfig),
         eos_token_ids=eos_ids,
         reward=parts.reward,
+        max_episode_tokens=cfg.episode_budget,
     )
     workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
     setup = RolloutSetup(
-        engine, workflow, context, _pad_id(parts.tokenizer, eos_ids), roll.workflow
+        engine,
+        workflow,
+        context,
+        _pad_id(parts.tokenizer, eos_ids),
+        roll.workflow,
+        roll.episode_timeout_s,
     )
     if roll.mode == "async":
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
@@ -213,7 +246,7 @@ def _vllm_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
     roll, v = cfg.rollout, cfg.rollout.vllm
     model_path = resolve_model_path(cfg.actor.path)
     tok_path = resolve_model_path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path
-    max_len = v.max_model_len or cfg.train_dataset.max_prompt_length + cfg.gconfig.max_new_tokens
+    max_len = vllm_max_model_len(cfg)
     # the VLLMModelOptions both placements share (threads and GPU share are placement's own)
     model: dict[str, Any] = {
         "dtype": v.dtype or cfg.actor.dtype,

@@ -84,7 +84,12 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     finally:
         workflow.close()
     assert group is not None and len(group) == 1
-    assert group.stats == {"agent/episodes": 1.0, "agent/calls": 2.0, "agent/untrained_calls": 0.0}
+    assert group.stats == {
+        "agent/episodes": 1.0,
+        "agent/calls": 2.0,
+        "agent/untrained_calls": 0.0,
+        "agent/budget_ended_episodes": 0.0,
+    }
     traj = group.trajectories[0]
     (req1, out1), (req2, out2) = engine.calls
     assert req1.rid == req2.rid  # a session's calls go under one request id

@@ -84,6 +84,7 @@ def test_executor_evaluates_greedy_multi_turn_episodes(batch_size: int) -> None:
         "tool_use_fraction": 2.0,
         "second_turn_fraction": 2.0,
         "turns_mean": 6.0,
+        "timed_out": 0.0,
     }
     assert len(engine.samplings) == 6  # one request per policy turn, one episode per record
     assert all(s.greedy for s in engine.samplings)

@@ -16,13 +16,22 @@ whose prompt plus ``max_new_tokens`` exceeds the model's positions is refused be
 batched (:class:`~areal_m2po.api.engine_api.RequestError`, :mod:`.request_limits`), and when
 a ``generate`` call fails its requests are run again one by one
 (:func:`~.request_batcher.answer_each`), so only a request that fails alone fails.
+
+:meth:`HFInProcessEngine.pause` cuts the running ``generate`` call short at its next step:
+rows that had not ended come back ``abort`` with the tokens made so far, and their
+``agenerate`` continues them from those tokens once :meth:`~HFInProcessEngine.resume` is
+called (each token keeps the log-prob and version of the weights that made it), as the remote
+engine continues the requests a server aborts. Rows a stop string ended are ``stop`` and are
+not continued.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,7 +39,7 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
-from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher, answer_each
 from areal_m2po.rollout.engines.request_limits import model_limits
 from areal_m2po.rollout.servers.weight_files import read_weights_of
@@ -86,6 +95,7 @@ class HFInProcessEngine(InferenceEngine):
         self.generator = HFGenerator(model, tokenizer, device)
         self.limits = model_limits(self.generator.model)
         self._model_lock = threading.Lock()
+        self._interrupt = threading.Event()  # set while paused: generation stops at once
         self._batcher = RequestBatcher(self._generate_jobs, self._model_lock)
 
     # -- properties the workflows and executors read -----------------------------------------
@@ -101,25 +111,57 @@ class HFInProcessEngine(InferenceEngine):
     # -- InferenceEngine ----------------------------------------------------------------------
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
+        """The completion of ``request``; one cut short by :meth:`pause` is continued from
+        its tokens after :meth:`resume`."""
         self.limits.check(request.input_ids, request.sampling.max_new_tokens, "HF engine")
-        return await self._batcher.submit(request)
+        t0 = time.perf_counter()
+        s = request.sampling
+        ids: list[int] = []
+        logps: list[float] = []
+        versions: list[int] = []
+        while True:
+            part = request
+            if ids:  # the rest of an aborted completion, after its tokens
+                rest = dataclasses.replace(
+                    s,
+                    max_new_tokens=s.max_new_tokens - len(ids),
+                    min_new_tokens=max(0, s.min_new_tokens - len(ids)),
+                )
+                part = ModelRequest(list(request.input_ids) + ids, rest, rid=request.rid)
+            out = await self._batcher.submit(part)
+            ids += out.output_ids
+            logps += out.output_logprobs
+            versions += out.output_versions
+            if out.finish_reason != "abort":
+                return ModelResponse.to_request(
+                    request, ids, logps, versions, out.finish_reason, t0
+                )
 
     def _generate_jobs(self, jobs: list[Job]) -> list[ModelResponse | Exception]:
-        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling (a job
-        whose call fails, and fails again alone, gets its exception)."""
+        """Responses to ``jobs`` in order: one ``generate`` call per distinct sampling, cut
+        short when :meth:`pause` sets the interrupt (a job whose call fails, and fails again
+        alone, gets its exception)."""
         by_params: dict[SamplingParams, list[int]] = {}
         for i, (req, _, _) in enumerate(jobs):
             by_params.setdefault(req.sampling, []).append(i)
         answers: list[ModelResponse | Exception | None] = [None] * len(jobs)
         with self._model_lock:
             for params, rows in by_params.items():
+                if self._interrupt.is_set():  # paused before their turn: continued later
+                    for i in rows:
+                        req, _, t0 = jobs[i]
+                        answers[i] = ModelResponse.to_request(req, [], [], [], "abort", t0)
+                    continue
                 run = functools.partial(self._sample, params)
                 for i, answer in zip(rows, answer_each(run, [jobs[i] for i in rows], "HF engine")):
                     answers[i] = answer
         return [a for a in answers if a is not None]
 
     def _sample(self, params: SamplingParams, jobs: list[Job]) -> list[ModelResponse]:
-        """One ``generate`` call answering ``jobs``, which share ``params``."""
+        """One ``generate`` call answering ``jobs``, which share ``params`` (stopped at the
+        next step once :meth:`pause` sets the interrupt)."""
+        from transformers import StoppingCriteriaList
+
         contexts = [req.input_ids for req, _, _ in jobs]
         prompts, k = (contexts, 1) if params.greedy else plan_calls(contexts)
         batch = self.generator.generate(
@@ -127,24 +169,26 @@ class HFInProcessEngine(InferenceEngine):
             _gconfig(params, k),
             greedy=params.greedy,
             stop_token_ids=list(params.stop_token_ids),
+            stopping_criteria=StoppingCriteriaList([StopWhenSet(self._interrupt)]),
         )
         version = self.generator.version
+        finish = self.generator.finish_reasons(
+            batch,
+            params.max_new_tokens,
+            params.stop_token_ids,
+            params.stop,
+            self._interrupt.is_set(),
+        )
         return [
-            self._response(req, batch, row, version, t0) for row, (req, _, t0) in enumerate(jobs)
+            self._response(req, batch, row, version, finish[row], t0)
+            for row, (req, _, t0) in enumerate(jobs)
         ]
 
     def _response(
-        self, req: ModelRequest, batch: Batch, row: int, version: int, t0: float
+        self, req: ModelRequest, batch: Batch, row: int, version: int, finish: str, t0: float
     ) -> ModelResponse:
         mask = batch["loss_mask"][row]
         out = [int(t) for t in batch["input_ids"][row][mask].tolist()]
-        stops = set(self.generator.eos_ids) | set(req.sampling.stop_token_ids)
-        if out and out[-1] in stops:
-            finish = "stop"
-        elif len(out) >= req.sampling.max_new_tokens:
-            finish = "length"
-        else:  # ended by a stop string
-            finish = "stop"
         logps = [float(x) for x in batch["behave_logp"][row][mask].tolist()]
         return ModelResponse.to_request(req, out, logps, [version] * len(out), finish, t0)
 
@@ -160,9 +204,14 @@ class HFInProcessEngine(InferenceEngine):
         self.update_weights_from_tensors(read_weights_of(path, version), version)
 
     def pause(self) -> None:
+        """Cut the running ``generate`` call short at its next step and hold new ones; its
+        unfinished requests are continued after :meth:`resume`. Returns once nothing is
+        being generated."""
+        self._interrupt.set()
         self._batcher.pause()
 
     def resume(self) -> None:
+        self._interrupt.clear()
         self._batcher.resume()
 
     def get_version(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -219,6 +220,37 @@ class HFGenerator:
             "no_eos": no_eos.cpu(),
         }
 
+    def finish_reasons(
+        self,
+        batch: Batch,
+        max_new_tokens: int,
+        stop_token_ids: Iterable[int] = (),
+        stop: Iterable[str] | None = None,
+        interrupted: bool = False,
+    ) -> list[str]:
+        """Why each row of a :meth:`generate` batch ended, the first that holds:
+
+        ``stop``: its last token is EOS or one of ``stop_token_ids``, or its text holds one of
+        the ``stop`` strings (generation ends at the token completing one): the row is
+        complete, also in a batch cut short, and must not be continued; ``length``:
+        ``max_new_tokens`` generated; ``abort``: the batch was ``interrupted`` (a pause) before
+        the row ended; ``stop`` otherwise.
+        """
+        ends = set(self.eos_ids) | {int(t) for t in stop_token_ids}
+        stops = list(stop or ())
+        reasons = []
+        for ids, mask in zip(batch["input_ids"], batch["loss_mask"]):
+            out = [int(t) for t in ids[mask].tolist()]
+            if (out and out[-1] in ends) or (
+                stops and any(s in self.tokenizer.decode(out) for s in stops)
+            ):
+                reasons.append("stop")
+            elif len(out) >= max_new_tokens:
+                reasons.append("length")
+            else:
+                reasons.append("abort" if interrupted else "stop")
+        return reasons
+
     def decode_completions(self, batch: Batch) -> list[str]:
         """The generated text of every row (EOS and padding stripped)."""
         texts = []
@@ -226,6 +258,19 @@ class HFGenerator:
             toks = [int(t) for t in ids[mask].tolist() if int(t) not in self.eos_ids]
             texts.append(self.tokenizer.decode(toks, skip_special_tokens=True))
         return texts
+
+
+class StopWhenSet:
+    """A ``transformers`` stopping criterion that ends every row of a ``generate`` call once
+    ``flag`` is set (a pause cutting the running batch short)."""
+
+    def __init__(self, flag: threading.Event) -> None:
+        self.flag = flag
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.full(
+            (input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool, device=input_ids.device
+        )
 
 
 def _drop_fill_after_stop_string(

@@ -11,6 +11,12 @@ the earlier prompt, the earlier completion as generated, then only the new messa
 by the chat template (token-in/token-out, nothing re-tokenised). :meth:`AgentSession.trajectory`
 turns the chain of calls ending at the episode's last call into one trajectory.
 
+A session keeps to its episode's token budget (``rollout.max_episode_tokens``): a call gets at
+most the tokens its prompt leaves (``max_tokens`` clipped, finish reason ``length``), and a
+call whose prompt leaves none is refused (400, code ``context_length_exceeded``). Once the
+episode ends its session is closed: calls still running are cancelled and not recorded, and
+later calls get 404, so the trajectory read after the close is final.
+
 The server listens on loopback only unless told otherwise, and answers 403 to peers that are
 not loopback addresses. A call the engine refuses (:class:`~areal_m2po.api.engine_api.
 RequestError`: a context that does not fit, say) gets a 400 with the engine's one-line reason;
@@ -20,6 +26,7 @@ only that call fails, and the agent decides what its episode does next.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ipaddress
 import json
 import logging
@@ -44,7 +51,14 @@ from areal_m2po.rollout.openai.chat_request import (
 )
 from areal_m2po.rollout.token_text import encode_text
 
-__all__ = ["AgentProxy", "AgentSession", "CallRecord", "is_loopback"]
+__all__ = [
+    "AgentProxy",
+    "AgentSession",
+    "CallRecord",
+    "EpisodeBudgetSpent",
+    "SessionClosed",
+    "is_loopback",
+]
 
 logger = logging.getLogger("areal_m2po.agent_proxy")
 _SENTINEL = "\u2063ASSISTANT_SENTINEL\u2063"
@@ -100,6 +114,42 @@ class AgentSession:
     train_top_p: float
     base_url: str = ""
     calls: list[CallRecord] = field(default_factory=list)
+    max_episode_tokens: int | None = None
+    budget_refused: bool = False
+    """A call was refused because the prompt left no room in the episode's budget."""
+    closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _running: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)
+
+    def close(self) -> None:
+        """End the session: calls still running are cancelled and never recorded; later
+        calls are refused (idempotent)."""
+        with self._lock:
+            self.closed = True
+            running = list(self._running)
+        for future in running:
+            future.cancel()
+
+    def submit(self, request: ModelRequest) -> concurrent.futures.Future[Any]:
+        """Start ``request`` on the session's engine (its event loop), unless closed."""
+        with self._lock:
+            if self.closed:
+                raise SessionClosed(self.session_id)
+            future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(request), self.loop)
+            self._running.add(future)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    def record(self, call: CallRecord) -> None:
+        """Append ``call`` to :attr:`calls` (SessionClosed once the session is closed)."""
+        with self._lock:
+            if self.closed:
+                raise SessionClosed(self.session_id)
+            self.calls.append(call)
 
     def chain(self) -> list[int]:
         """Indices of the calls merged into the trajectory: the last call and its ancestors."""
@@ -138,9 +188,23 @@ class AgentSession:
             versions=versions,
             prompt_len=len(self.calls[chain[0]].prompt_ids),
             reward=float(reward),
-            no_eos=last.finish_reason != "stop",
+            no_eos=last.finish_reason != "stop" or self.budget_refused,
             info={"calls": len(self.calls), "merged_calls": len(chain)},
         )
+
+
+class SessionClosed(Exception):
+    """A call reached a session whose episode has ended (HTTP 404)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no open agent session {session_id!r} (the episode has ended)")
+
+
+class EpisodeBudgetSpent(ChatRequestError):
+    """A call whose prompt leaves no room in the episode's token budget (HTTP 400,
+    ``context_length_exceeded`` as OpenAI's API says it)."""
+
+    code = "context_length_exceeded"
 
 
 class _PromptBuilder:
@@ -213,10 +277,12 @@ def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": {**call["function"], "arguments": parsed}}
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": None}}, status
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status
     )
 
 
@@ -295,8 +361,10 @@ class AgentProxy:
         max_new_tokens_limit: int,
         train_temperature: float,
         train_top_p: float,
+        max_episode_tokens: int | None = None,
     ) -> AgentSession:
-        """A new session on the running event loop (the engine's calls are made there)."""
+        """A new session on the running event loop (the engine's calls are made there), its
+        calls within ``max_episode_tokens`` (the episode budget; None: none)."""
         self.start()
         session = AgentSession(
             session_id=secrets.token_hex(8),
@@ -307,6 +375,7 @@ class AgentProxy:
             max_new_tokens_limit=max_new_tokens_limit,
             train_temperature=train_temperature,
             train_top_p=train_top_p,
+            max_episode_tokens=max_episode_tokens,
         )
         host = f"[{self.host}]" if ":" in self.host else self.host
         session.base_url = f"http://{host}:{self.port}/sessions/{session.session_id}/v1"
@@ -315,7 +384,9 @@ class AgentProxy:
         return session
 
     def close_session(self, session: AgentSession) -> None:
-        """Forget ``session``: later requests to it get 404."""
+        """Close and forget ``session``: its running calls are cancelled and not recorded,
+        later requests to it get 404."""
+        session.close()
         with self._lock:
             self.sessions.pop(session.session_id, None)
 
@@ -323,8 +394,8 @@ class AgentProxy:
     def _session(self, request: Request, session_id: str) -> AgentSession | JSONResponse:
         with self._lock:
             session = self.sessions.get(session_id)
-        if session is None:
-            return _error(404, f"no open agent session {session_id!r} (the episode has ended)")
+        if session is None or session.closed:
+            return _error(404, str(SessionClosed(session_id)))
         auth = request.headers.get("authorization", "")
         if not secrets.compare_digest(auth, f"Bearer {session.api_key}"):
             return _error(401, "wrong or missing api key for this session")
@@ -353,15 +424,39 @@ class AgentProxy:
             stop=tuple(dict.fromkeys((*base.stop, *request.stop))),
         )
 
+    @staticmethod
+    def _within_budget(
+        session: AgentSession, sampling: SamplingParams, prompt_len: int
+    ) -> SamplingParams:
+        """``sampling`` with ``max_new_tokens`` cut to what the episode budget leaves after a
+        ``prompt_len``-token prompt; EpisodeBudgetSpent when not one token fits."""
+        budget = session.max_episode_tokens
+        if budget is None or prompt_len + sampling.max_new_tokens <= budget:
+            return sampling
+        left = budget - prompt_len
+        if left < 1:
+            session.budget_refused = True
+            raise EpisodeBudgetSpent(
+                "messages",
+                f"the episode's token budget is spent: the prompt holds {prompt_len} tokens "
+                f"and rollout.max_episode_tokens is {budget}",
+            )
+        return replace(
+            sampling, max_new_tokens=left, min_new_tokens=min(sampling.min_new_tokens, left)
+        )
+
     async def _complete(self, session: AgentSession, request: ChatRequest) -> dict[str, Any]:
         sampling = self._sampling(session, request)
         prompt_ids, parent = self.builder.build(request, session.calls)
+        sampling = self._within_budget(session, sampling, len(prompt_ids))
         # every call of a session under its id: a remote engine keeps the session on one server
-        model_request = ModelRequest(prompt_ids, sampling, rid=session.session_id)
-        future = asyncio.run_coroutine_threadsafe(
-            session.engine.agenerate(model_request), session.loop
-        )
-        out = await asyncio.wrap_future(future)
+        future = session.submit(ModelRequest(prompt_ids, sampling, rid=session.session_id))
+        try:
+            out = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if session.closed:  # cancelled by the episode's end
+                raise SessionClosed(session.session_id) from None
+            raise
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
         content, tool_calls = text, []
@@ -370,7 +465,7 @@ class AgentProxy:
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             reply["tool_calls"] = tool_calls
-        session.calls.append(
+        session.record(
             CallRecord(
                 request.messages, request.tools, reply, prompt_ids, ids,
                 list(out.output_logprobs), list(out.output_versions), out.finish_reason, parent,
@@ -442,8 +537,10 @@ class AgentProxy:
                 return _error(400, f"the request body is not JSON ({exc})")
             try:
                 return await self._complete(session, parse_chat_request(body))
+            except SessionClosed as exc:
+                return _error(404, str(exc))
             except ChatRequestError as exc:
-                return _error(400, str(exc), exc.param)
+                return _error(400, str(exc), exc.param, getattr(exc, "code", None))
             except RequestError as exc:  # the engine refused this call alone (its context...)
                 return _error(400, str(exc), "messages")
             except ValueError as exc:  # e.g. the engine refusing the sampling parameters

@@ -47,7 +47,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from areal_m2po.api.cli_args import GenerationConfig
-from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import answer_each
 from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.servers.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
@@ -179,18 +179,6 @@ def parse_generate_request(body: Any, limits: RequestLimits | None = None) -> Sa
     )
 
 
-class _Interrupt:
-    """A ``transformers`` stopping criterion that ends a batch when ``flag`` is set."""
-
-    def __init__(self, flag: threading.Event) -> None:
-        self.flag = flag
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.full(
-            (input_ids.shape[0],), self.flag.is_set(), dtype=torch.bool, device=input_ids.device
-        )
-
-
 class GenerationWorker:
     """Owns the model; one thread samples queued requests in batches.
 
@@ -309,11 +297,14 @@ class GenerationWorker:
             jobs[0].gconfig,
             greedy=jobs[0].greedy,
             stop_token_ids=jobs[0].stop_token_ids,
-            stopping_criteria=StoppingCriteriaList([_Interrupt(self._interrupt)]),
+            stopping_criteria=StoppingCriteriaList([StopWhenSet(self._interrupt)]),
         )
         version = self.engine.version
-        interrupted = self._interrupt.is_set()
-        return [self._response(job, batch, i, version, interrupted) for i, job in enumerate(jobs)]
+        g = jobs[0].gconfig
+        finish = self.engine.finish_reasons(
+            batch, g.max_new_tokens, jobs[0].stop_token_ids, g.stop, self._interrupt.is_set()
+        )
+        return [self._response(job, batch, i, version, finish[i]) for i, job in enumerate(jobs)]
 
     def _response(
         self,
@@ -321,19 +312,18 @@ class GenerationWorker:
         batch: dict[str, torch.Tensor],
         row: int,
         version: int,
-        interrupted: bool,
+        reason: str,
     ) -> dict[str, Any]:
         mask = batch["loss_mask"][row]
         out_ids = [int(t) for t in batch["input_ids"][row][mask].tolist()]
         stops = set(self.engine.eos_ids) | set(job.stop_token_ids)
-        if out_ids and out_ids[-1] in stops:
-            finish: dict[str, Any] = {"type": "stop", "matched": out_ids[-1]}
-        elif len(out_ids) >= job.gconfig.max_new_tokens:
-            finish = {"type": "length", "length": len(out_ids)}
-        elif interrupted:
-            finish = {"type": "abort", "message": "paused for a weight update"}
-        else:  # ended by a stop string
-            finish = {"type": "stop", "matched": None}
+        finish: dict[str, Any] = {"type": reason}
+        if reason == "stop":  # the stop token, or None for a stop string
+            finish["matched"] = out_ids[-1] if out_ids and out_ids[-1] in stops else None
+        elif reason == "length":
+            finish["length"] = len(out_ids)
+        else:
+            finish["message"] = "paused for a weight update"
         meta: dict[str, Any] = {
             "id": job.rid,
             "finish_reason": finish,

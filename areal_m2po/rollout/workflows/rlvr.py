@@ -43,8 +43,20 @@ class RLVRWorkflow(RolloutWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, record: dict[str, Any]) -> Trajectory:
         """One sampled completion of the prompt (reward 0 until :meth:`afinish_group` scores
-        it; its response is kept in ``info[RESPONSE]`` until then)."""
-        request = ModelRequest(input_ids=list(record["prompt_ids"]), sampling=self.context.sampling)
+        it; its response is kept in ``info[RESPONSE]`` until then), within the episode budget
+        (the config check makes every kept prompt and ``gconfig.max_new_tokens`` fit).
+
+        Raises:
+            ValueError: the prompt leaves no room in the episode budget.
+        """
+        prompt = list(record["prompt_ids"])
+        sampling = self.context.turn_sampling(len(prompt))
+        if sampling is None:
+            raise ValueError(
+                f"rollout.max_episode_tokens: {self.context.max_episode_tokens} leaves no room "
+                f"after a {len(prompt)}-token prompt"
+            )
+        request = ModelRequest(input_ids=prompt, sampling=sampling)
         response = await engine.agenerate(request)
         trajectory = Trajectory.from_response(response)
         trajectory.info[RESPONSE] = response

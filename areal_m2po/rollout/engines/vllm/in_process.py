@@ -285,6 +285,9 @@ class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
             self.llm.llm_engine.set_weight_version(str(self._version))
 
     def pause(self) -> None:
+        """Hold new batches back; returns once the running ``LLM.generate`` call has ended
+        (it is not interrupted: ``LLM.generate`` runs to completion, so its rows finish
+        ``stop`` or ``length`` and none needs continuing)."""
         self._batcher.pause()
 
     def resume(self) -> None:

@@ -18,6 +18,13 @@ call, merged (each call's prompt extends the previous call's tokens when the age
 the conversation with the reply it got, so the tokens are exactly those the engine saw). Calls
 off that chain (an agent that restarted a conversation, or ran several in parallel) are not
 trained on; the group's stats count them (``agent/untrained_calls``).
+
+The session keeps to the episode budget (``rollout.max_episode_tokens``): a call gets what its
+prompt leaves, and a call whose prompt leaves nothing is refused (400,
+``context_length_exceeded``). An episode whose budget ran out ends with finish reason
+``length`` and is trained on: with the agent's reward if it returns one, with reward 0 if it
+raises after the refusal (``agent/budget_ended_episodes`` counts them). The session is closed
+before its trajectory is read; a call still running then is cancelled and not recorded.
 """
 
 from __future__ import annotations
@@ -90,15 +97,22 @@ class AgentWorkflow(RolloutWorkflow):
         """One session of the agent on ``record``, its calls sampled with ``sampling``."""
         g = self.context.gconfig
         session = self.proxy.open_session(
-            engine, sampling, self.max_tokens_limit, g.temperature, g.top_p
+            engine,
+            sampling,
+            self.max_tokens_limit,
+            g.temperature,
+            g.top_p,
+            self.context.max_episode_tokens,
         )
         try:
             reward = await self.agent(session.base_url, session.api_key, dict(record))
         except Exception as exc:
-            raise RuntimeError(
-                f"agent {self.agent_name} failed on record {str(record.get('question'))[:60]!r}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            if not session.budget_refused:
+                raise RuntimeError(
+                    f"agent {self.agent_name} failed on record "
+                    f"{str(record.get('question'))[:60]!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+            reward = 0.0  # it gave up when the episode's budget ran out: the episode is over
         finally:
             self.proxy.close_session(session)
         if (
@@ -135,6 +149,7 @@ class AgentWorkflow(RolloutWorkflow):
             return None
         trajectory = session.trajectory(float(reward))
         trajectory.info["untrained_calls"] = len(session.calls) - len(session.chain())
+        trajectory.info["budget_ended"] = session.budget_refused
         return trajectory
 
     async def afinish_group(
@@ -145,6 +160,7 @@ class AgentWorkflow(RolloutWorkflow):
             "agent/episodes": float(len(trajectories)),
             "agent/calls": float(sum(t.info["calls"] for t in trajectories)),
             "agent/untrained_calls": float(sum(t.info["untrained_calls"] for t in trajectories)),
+            "agent/budget_ended_episodes": float(sum(t.info["budget_ended"] for t in trajectories)),
         }
         return TrajectoryGroup(trajectories, stats)
 

@@ -50,6 +50,9 @@ class EpisodeTokens:
     policy_turns: int = 0
     tool_calls: int = 0
     turn_texts: list[str] = field(default_factory=list)
+    finish_reason: str = "stop"
+    """How the episode ended: its last turn's finish reason, or ``length`` when the token
+    limit left no room for the environment's reply."""
 
     @classmethod
     def from_prompt(cls, prompt_ids: Sequence[int]) -> EpisodeTokens:
@@ -100,11 +103,15 @@ async def run_episode(
 ) -> tuple[EpisodeTokens, float]:
     """Alternate policy and environment turns until the environment ends the episode.
 
+    Each turn asks for ``min(max_new_tokens, max_total_tokens - tokens so far)`` tokens, so
+    no engine call outgrows ``max_total_tokens``.
+
     Returns:
-        The episode's tokens, and the undiscounted reward the environment gave. A turn cut at
-        ``max_new_tokens`` is answered like any other (a verifier grades it, a tool call in it
-        is answered); a context with no room left for another turn, or an aborted engine call,
-        ends the episode.
+        The episode's tokens (``finish_reason`` set), and the undiscounted reward the
+        environment gave. A turn cut at ``max_new_tokens`` is answered like any other (a
+        verifier grades it, a tool call in it is answered); a context with no room left for
+        another turn, or an aborted engine call, ends the episode; one with no room for the
+        environment's reply ends with finish reason ``length`` and reward 0.
     """
     tokenizer = appender.tokenizer
     episode = EpisodeTokens.from_prompt(prompt_ids)
@@ -114,6 +121,7 @@ async def run_episode(
             await generate(list(episode.input_ids), budget, env.stop), tokenizer, env.stop
         )
         episode.append_policy(out)
+        episode.finish_reason = out.finish_reason
         text = tokenizer.decode([t for t in out.ids if t not in appender.eos_ids])
         episode.turn_texts.append(text)
         ended_with_eos = bool(out.ids) and out.ids[-1] in appender.eos_ids
@@ -125,5 +133,6 @@ async def run_episode(
             return episode, reply.reward
         env_ids = appender.ids(reply.message, ended_with_eos)
         if len(env_ids) + 1 > room:  # no room for the reply and one policy token
+            episode.finish_reason = "length"
             return episode, 0.0
         episode.append_environment(env_ids)

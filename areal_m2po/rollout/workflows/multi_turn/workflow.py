@@ -8,8 +8,10 @@ Built in as ``rollout.workflow=multi_turn``; its settings come from ``rollout.wo
 - ``max_turns``: policy turns per episode at most (>= 1).
 - ``turn_discount``: the episode's reward is ``reward * turn_discount ** (turns - 1)`` (AReaL's
   ``turn_discount``: 1 = no discount).
-- ``max_total_tokens``: the whole episode's length at most (prompt, every turn); null: only
-  ``max_turns`` and ``gconfig.max_new_tokens`` per turn bound it.
+- ``max_total_tokens``: the whole episode's length at most (prompt, every turn); null: the
+  episode budget ``rollout.max_episode_tokens``, which it may not exceed. A turn asks for at
+  most what is left; an episode with no room for the environment's reply ends there with
+  finish reason ``length`` and reward 0.
 - ``env_role``: role of the environment's turns in the chat template (``user``, or ``tool`` for
   templates that know it).
 - ``reward_fn``: dotted path (or, from Python, the callable) of the reward function grading an
@@ -94,11 +96,18 @@ class MultiTurnWorkflow(RolloutWorkflow):
             isinstance(max_total_tokens, int) and max_total_tokens >= 2
         ):
             raise ValueError(f"{_KEY}.max_total_tokens: must be an integer >= 2 or null")
+        budget = context.max_episode_tokens
+        if max_total_tokens is not None and budget is not None and max_total_tokens > budget:
+            raise ValueError(
+                f"{_KEY}.max_total_tokens: {max_total_tokens} exceeds the episode budget "
+                f"rollout.max_episode_tokens ({budget}); raise that instead"
+            )
         self.context = context
         self.environment = environment
         self.max_turns = max_turns
         self.turn_discount = float(turn_discount)
-        self.max_total_tokens = max_total_tokens if max_total_tokens is not None else sys.maxsize
+        limit = max_total_tokens if max_total_tokens is not None else budget
+        self.max_total_tokens = limit if limit is not None else sys.maxsize
         self.reward_fn: Callable[..., float] | None = None
         if callable(reward_fn):
             self.reward_fn = reward_fn
@@ -158,13 +167,10 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self, engine: InferenceEngine, record: dict[str, Any], sampling: SamplingParams
     ) -> tuple[EpisodeTokens, float, str]:
         env = make_environment(self.environment, record, self._grader(record))
-        finish: list[str] = []
         rid = uuid.uuid4().hex  # every turn of the episode: one request id, one server
 
         async def generate(ids: list[int], budget: int, stop: Sequence[str]) -> Generated:
-            out = await self._generate(engine, sampling, ids, budget, stop, rid)
-            finish.append(out.finish_reason)
-            return out
+            return await self._generate(engine, sampling, ids, budget, stop, rid)
 
         episode, reward = await run_episode(
             generate,
@@ -175,7 +181,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             self.context.gconfig.max_new_tokens,
             self.max_total_tokens,
         )
-        return episode, reward, finish[-1]
+        return episode, reward, episode.finish_reason
 
     def _check_room(self, record: dict[str, Any]) -> int:
         prompt_len = len(record["prompt_ids"])
@@ -221,6 +227,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 "tool_calls": episode.tool_calls,
                 "raw_reward": reward,
                 "turn_texts": episode.turn_texts,
+                "finish_reason": finish,
             },
         )
 
@@ -246,6 +253,9 @@ class MultiTurnWorkflow(RolloutWorkflow):
             "multi_turn/multi_turn_episodes": float(sum(t.info["turns"] > 1 for t in trajectories)),
             "multi_turn/solved_episodes": float(
                 sum(t.info["raw_reward"] > 0 for t in trajectories)
+            ),
+            "multi_turn/length_episodes": float(
+                sum(t.info["finish_reason"] == "length" for t in trajectories)
             ),
         }
         return TrajectoryGroup(trajectories, stats)
