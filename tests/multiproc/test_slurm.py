@@ -40,9 +40,13 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+"""PATH with the system folders the daemons are installed in."""
+
+
 def _install_slurm() -> None:
     """Install Debian's Slurm and munge packages unless their programs are on PATH."""
-    if all(shutil.which(p) for p in PROGRAMS):
+    if all(shutil.which(p, path=SEARCH_PATH) for p in PROGRAMS):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         _unavailable(
@@ -87,6 +91,7 @@ def slurm() -> Iterator[dict[str, str]]:
     port = _free_ports(3)  # slurmctld's, then one per slurmd
     client = {"D": state, "SLURM_CONF": f"{state}/slurm.conf"}
     env = {**os.environ, **client, "N": "2", "CTLD_PORT": str(port), "SLURMD_PORT": str(port + 1)}
+    env["PATH"] = SEARCH_PATH
     try:
         up = subprocess.run(
             ["bash", str(SLURM_SCRIPTS / "up.sh")], env=env, capture_output=True, text=True

