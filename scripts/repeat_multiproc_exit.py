@@ -6,7 +6,7 @@ Run::
     python scripts/repeat_multiproc_exit.py --runs 5 --steps 1
 
 Each run is ``accelerate launch --multi_gpu --num_processes 2 --cpu``-style (gloo, see
-:func:`areal_m2po.trainer.launch.cpu_launch_command`) of ``python -m areal_m2po.train`` with the
+:func:`areal_m2po.utils.dist.cpu_launch_command`) of ``python -m areal_m2po.train`` with the
 tiny config, a recover checkpoint every step and the final HF save, so the run ends the way a
 user's does. After each run the script checks that no process of it is left: the launcher's
 process group (it is started in a new session) must be empty. A worker killed by SIGABRT during
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from areal_m2po.trainer.launch import cpu_launch_command  # noqa: E402
+from areal_m2po.utils.dist import cpu_launch_command  # noqa: E402
 
 ABORT_MARKERS = ("terminate called", "Aborted", "SIGABRT", "core dumped", "Signals.SIGABRT")
 

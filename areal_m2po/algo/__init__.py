@@ -17,6 +17,10 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.kl`: the k1/k2/k3 KL estimators;
 * :mod:`~areal_m2po.algo.logp_mismatch`: the training-inference mismatch figures;
 * :mod:`~areal_m2po.algo.bradley_terry`: the reward model's pairwise loss;
+* :mod:`~areal_m2po.algo.sft_loss`: the supervised fine-tuning loss;
+* :mod:`~areal_m2po.algo.logprobs`: chunked per-token log-probs and entropy from logits;
+* :mod:`~areal_m2po.algo.options`: the option values (choice lists) and the rejection-sampling
+  options' rule, torch-free, which the config tree offers as its choices;
 * :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
   argument checks the modules above share;
 * :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one
@@ -24,6 +28,7 @@ One concept per module, each with one public entry point (plus its helpers where
 
 Names follow one meaning each: ``behave_logp`` (behaviour log-probs, recorded while
 sampling), ``prox_logp`` (proximal: the policy at the start of the step), ``logp`` (current,
-differentiable), ``ref_logp`` (the reference policy). Layering: ``api`` -> ``algo`` -> ``utils``
--> ``engine`` -> ``trainer``; this package imports nothing above ``api``.
+differentiable), ``ref_logp`` (the reference policy). The package imports torch and itself only
+(never :mod:`areal_m2po.api` or :mod:`areal_m2po.utils`; a test checks it); the config tree
+imports :mod:`~areal_m2po.algo.options` from it.
 """

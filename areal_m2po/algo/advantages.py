@@ -24,9 +24,8 @@ consecutive rows (the samples of one prompt):
   ``(c - mean) / sqrt(var + 1e-8)`` with the unbiased token variance.
 
 Per-token tensors are ``[B, T]`` with a ``torch.bool`` ``loss_mask``. The module imports only
-torch, the standard library, the built-ins' names (``ADV_ESTIMATORS``) of
-:mod:`areal_m2po.api.cli_args` and the other modules of :mod:`areal_m2po.algo`; it keeps no
-state.
+torch, the standard library and the other modules of :mod:`areal_m2po.algo` (the built-ins'
+names, ``ADV_ESTIMATORS``, are :mod:`areal_m2po.algo.options`'); it keeps no state.
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from areal_m2po.algo.checks import check_bool_mask, check_real, check_same_shape, check_tensor
+from areal_m2po.algo.options import ADV_ESTIMATORS
 from areal_m2po.algo.reductions import compute_dtype
-from areal_m2po.api.cli_args import ADV_ESTIMATORS
 
 __all__ = [
     "AdvantageEstimator",

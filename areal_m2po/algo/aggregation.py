@@ -11,7 +11,7 @@ unless a docstring says otherwise; ``loss_mask`` is a ``torch.bool`` ``[B, T]`` 
 generated tokens that count ("valid" tokens); log-probs are in nats, aligned to their token, and
 arbitrary at masked positions (never read unmasked).
 
-The module imports only torch, the choice list of :mod:`areal_m2po.api.cli_args` and
+The module imports only torch, :mod:`areal_m2po.algo.options` and
 :mod:`areal_m2po.algo.checks`; it keeps no state.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from areal_m2po.algo.checks import check_bool_mask, check_choice, check_same_shape, check_tensor
-from areal_m2po.api.cli_args import LOSS_AGG_MODES
+from areal_m2po.algo.options import LOSS_AGG_MODES
 
 __all__ = ["agg_loss", "agg_loss_weight", "check_loss_inputs"]
 

@@ -3,7 +3,7 @@
 Code ported from AReaL keeps its calls: ``ppo_actor_loss_fn`` (the loss options as keywords,
 AReaL's argument names ``logprobs`` / ``proximal_logprobs`` / ``old_logprobs``),
 ``sapo_loss_fn`` (``old_logprobs`` there is the proximal policy, as in AReaL),
-``ppo_critic_loss_fn``, and the seed's M2PO helpers ``_apply_m2po_masking`` and
+``ppo_critic_loss_fn``, and the M2PO helpers ``_apply_m2po_masking`` and
 ``_get_m2po_loss_mask`` (importable from :mod:`areal_m2po.trainer.ppo.actor` too, where AReaL
 defines them). Each is a thin call into the module that owns the concept; new code calls those
 directly (:func:`~areal_m2po.algo.ppo_loss.ppo_actor_loss`,
@@ -108,4 +108,4 @@ def _apply_m2po_masking(
     ``loss_mask``) of one batch, over every valid token: :func:`m2po.m2po_mask` without its
     statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
     the same)."""
-    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold)[0]
+    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]

@@ -1,9 +1,8 @@
 """Per-token KL estimators between the policy and a reference policy (Schulman's k1/k2/k3).
 
 Owns :func:`kl_estimate` (the KL reward penalty's and rejection sampling's KL metrics).
-Per-token tensors are any equal shapes, log-probs in nats. The module imports only torch, the
-choice list of :mod:`areal_m2po.api.cli_args` and :mod:`areal_m2po.algo.checks`; it keeps no
-state.
+Per-token tensors are any equal shapes, log-probs in nats. The module imports only torch,
+:mod:`areal_m2po.algo.options` and :mod:`areal_m2po.algo.checks`; it keeps no state.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from areal_m2po.algo.checks import check_choice, check_real, check_same_shape, check_tensor
-from areal_m2po.api.cli_args import KL_ESTIMATORS
+from areal_m2po.algo.options import KL_ESTIMATORS
 
 __all__ = ["kl_estimate"]
 

@@ -3,8 +3,8 @@ leave-one-out mean, over sequences or over valid tokens.
 
 Owns :func:`group_normalize` (one scalar per sequence, ``[B]``) and :func:`masked_normalize`
 (its token-level variant over ``[B, T]`` with a ``torch.bool`` mask); groups are consecutive
-blocks of ``group_size`` sequences. The module imports only torch, the choice list of
-:mod:`areal_m2po.api.cli_args` and :mod:`areal_m2po.algo.checks`; it keeps no state.
+blocks of ``group_size`` sequences. The module imports only torch,
+:mod:`areal_m2po.algo.options` and :mod:`areal_m2po.algo.checks`; it keeps no state.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from areal_m2po.algo.checks import check_bool_mask, check_choice, check_same_shape, check_tensor
-from areal_m2po.api.cli_args import NORM_LEVELS
+from areal_m2po.algo.options import NORM_LEVELS
 
 __all__ = ["group_normalize", "masked_normalize"]
 

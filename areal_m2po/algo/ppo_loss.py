@@ -12,9 +12,8 @@ loss returns ``(loss, stats)``: a 0-dim tensor and detached 0-dim float32 statis
 MEAN over the micro-batch's valid tokens unless the name says otherwise (``*_max``, ``*_min``).
 Denominators follow :mod:`areal_m2po.algo.aggregation`.
 
-The module imports only torch, the choice lists of :mod:`areal_m2po.api.cli_args` and the
-other modules of :mod:`areal_m2po.algo`; it takes no config object (the actor unpacks its
-section into :class:`PPOLossSpec`) and keeps no state.
+The module imports only torch and the other modules of :mod:`areal_m2po.algo`; it takes no
+config object (the actor unpacks its section into :class:`PPOLossSpec`) and keeps no state.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import torch
 
 from areal_m2po.algo.aggregation import agg_loss, check_loss_inputs
 from areal_m2po.algo.checks import check_choice, check_real
+from areal_m2po.algo.options import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from areal_m2po.algo.policy_ratio import policy_ratio
 from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
 from areal_m2po.algo.rejection_sampling import (
@@ -34,7 +34,6 @@ from areal_m2po.algo.rejection_sampling import (
     apply_rejection_sampling,
     as_rejection_sampling,
 )
-from areal_m2po.api.cli_args import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 
 __all__ = ["PPOLossSpec", "ppo_actor_loss"]
 

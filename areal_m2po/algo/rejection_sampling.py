@@ -2,12 +2,12 @@
 behaviour weight ``w = pi_prox / pi_behave`` per token or per sequence.
 
 Owns :class:`RejectionSampling` (the options as plain strings and floats, checked by the same
-rule as the config section, :func:`areal_m2po.api.cli_args.check_rejection_sampling`) and
+rule as the config section, :func:`areal_m2po.algo.options.rejection_sampling_problem`) and
 :func:`apply_rejection_sampling`. The actor unpacks ``actor.rejection_sampling`` into a
 :class:`RejectionSampling`; a direct caller may also give a mapping of its field names
 (:func:`as_rejection_sampling`). Per-token tensors are ``[B, T]``; the module imports only torch,
-the standard library, the rule and choice lists of :mod:`areal_m2po.api.cli_args` and the other
-pure-maths modules, keeps no state and has no import-time side effects.
+the standard library and the other modules of :mod:`areal_m2po.algo`, keeps no state and has no
+import-time side effects.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Any
 import torch
 
 from areal_m2po.algo.kl import kl_estimate
-from areal_m2po.api.cli_args import check_rejection_sampling
+from areal_m2po.algo.options import rejection_sampling_problem
 
 __all__ = ["RejectionSampling", "apply_rejection_sampling", "as_rejection_sampling"]
 
 
 @dataclass(frozen=True)
 class RejectionSampling:
-    """The rejection-sampling options, checked once (``ConfigError``, a ``ValueError``, naming
-    the field). The defaults are the loss's: token level, mask, ratio, mean, no bound (at least
+    """The rejection-sampling options, checked once (a one-line ``ValueError`` naming the
+    field). The defaults are the loss's: token level, mask, ratio, mean, no bound (at least
     one of ``upper``/``lower`` must be given).
 
     Attributes:
@@ -47,9 +47,11 @@ class RejectionSampling:
     lower: float | None = None
 
     def __post_init__(self) -> None:
-        check_rejection_sampling(
+        problem = rejection_sampling_problem(
             self.level, self.action, self.metric, self.agg, self.upper, self.lower
         )
+        if problem is not None:
+            raise ValueError(": ".join(problem))
 
 
 def as_rejection_sampling(
@@ -60,7 +62,7 @@ def as_rejection_sampling(
 
     Raises:
         TypeError: ``spec`` is neither, or a mapping with a key that is no field.
-        ConfigError: an invalid value, one line naming the field.
+        ValueError: an invalid value, one line naming the field.
     """
     if spec is None or isinstance(spec, RejectionSampling):
         return spec

@@ -4,8 +4,7 @@ ratio instead of PPO's hard clip, M2PO-masked.
 Owns :func:`sapo_loss`. Per-token tensors are ``[B, T]`` with a ``torch.bool`` ``loss_mask``;
 log-probs in nats (``logp`` current, ``prox_logp`` proximal, the ratio's reference). Same
 ``(loss, stats)`` and denominator conventions as :mod:`areal_m2po.algo.ppo_loss`. The module
-imports only torch, the choice lists of :mod:`areal_m2po.api.cli_args` and the other modules
-of :mod:`areal_m2po.algo`; it keeps no state.
+imports only torch and the other modules of :mod:`areal_m2po.algo`; it keeps no state.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ import torch
 
 from areal_m2po.algo.aggregation import agg_loss, check_loss_inputs
 from areal_m2po.algo.checks import check_choice, check_real
+from areal_m2po.algo.options import IMPORTANCE_SAMPLING_LEVELS
 from areal_m2po.algo.policy_ratio import policy_ratio
 from areal_m2po.algo.reductions import compute_dtype, masked_sum, stat_scalar
-from areal_m2po.api.cli_args import IMPORTANCE_SAMPLING_LEVELS
 
 __all__ = ["sapo_loss"]
 

@@ -1,7 +1,6 @@
 """Step callbacks, public API: the seam through which code outside the trainer watches a
 training step (``RLTrainer(cfg, callbacks=[...])``). Owns :class:`StepCallback` (what a callback
 implements), :class:`Phases` (how the trainer and the actor report phases) and :data:`PHASES`.
-This module moved here from ``areal_m2po.utils.phases`` (removed).
 
 The trainer runs every step as named phases and reports them to its callbacks, in this order::
 

@@ -19,6 +19,19 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
+from areal_m2po.algo.options import (
+    ADV_ESTIMATORS,
+    IMPORTANCE_SAMPLING_LEVELS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    M2_TOKEN_SETS,
+    NORM_LEVELS,
+    REJECTION_ACTIONS,
+    REJECTION_AGGS,
+    REJECTION_METRICS,
+    rejection_sampling_problem,
+)
+
 __all__ = [
     "ConfigError",
     "OptimizerConfig",
@@ -419,16 +432,8 @@ class TrainEngineConfig(TrainedModelConfig):
 # actor
 # ---------------------------------------------------------------------------------------------
 
-# Choice lists of the loss/advantage maths, defined once: the config fields below and the pure
-# maths (areal_m2po.algo) both use these tuples.
-NORM_LEVELS = ("batch", "group", None)
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-REJECTION_ACTIONS = ("mask", "clamp")
-REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
-REJECTION_AGGS = ("mean", "sum", "max")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADV_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_pp")
+# The choice lists of the loss/advantage maths are the maths' own (areal_m2po.algo.options,
+# imported at the top): the config fields below offer them.
 _OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # one score per sequence, no critic
 
 
@@ -500,31 +505,13 @@ class RejectionSamplingConfig:
 def check_rejection_sampling(
     level: Any, action: Any, metric: Any, agg: Any, upper: Any, lower: Any
 ) -> None:
-    """The one rule for rejection-sampling options, of the config section
-    (:class:`RejectionSamplingConfig`) and of the loss's plain values
-    (:class:`areal_m2po.algo.rejection_sampling.RejectionSampling`) alike.
-
-    Raises:
-        ConfigError: naming the field, e.g. ``lower: must be < upper (1.0), got 1.0``.
-    """
-    _check_choice("level", level, IMPORTANCE_SAMPLING_LEVELS)
-    _check_choice("action", action, REJECTION_ACTIONS)
-    _check_choice("metric", metric, REJECTION_METRICS)
-    _check_choice("agg", agg, REJECTION_AGGS)
-    _check_number("upper", upper, optional=True)
-    _check_number("lower", lower, optional=True)
-    if upper is None and lower is None:
-        raise ConfigError("upper", "at least one of upper/lower must be set")
-    if upper is not None and lower is not None and lower >= upper:
-        raise ConfigError("lower", f"must be < upper ({upper}), got {lower}")
-    if metric in ("ratio", "kl_k2", "kl_k3"):
-        # these metrics are never negative: a bound below 0 drops everything or nothing
-        if upper is not None and upper <= 0:
-            raise ConfigError("upper", f"must be > 0 for metric {metric!r}")
-        if lower is not None and lower < 0:
-            raise ConfigError("lower", f"must be >= 0 for metric {metric!r}")
-    if action == "clamp" and metric != "ratio":
-        raise ConfigError("action", "clamp is only defined for metric 'ratio'")
+    """The one rule for rejection-sampling options
+    (:func:`~areal_m2po.algo.options.rejection_sampling_problem`, which the loss's plain options
+    follow too) as a ``ConfigError`` naming the field, e.g. ``lower: must be < upper (1.0),
+    got 1.0``."""
+    problem = rejection_sampling_problem(level, action, metric, agg, upper, lower)
+    if problem is not None:
+        raise ConfigError(*problem)
 
 
 @dataclass
@@ -549,7 +536,7 @@ class ActorConfig(TrainEngineConfig):
         "only those in PPO's active trust-region quadrants, A > 0 and pi_prox > pi_behave or A < 0 "
         "and pi_prox < pi_behave, as the paper's final Algorithm 1 (trust_region); the loss "
         "denominator stays all valid tokens either way.",
-        choices=("all", "trust_region"),
+        choices=M2_TOKEN_SETS,
     )
     m2_warn_masked_fraction: float = _field(
         0.2,
@@ -1606,10 +1593,12 @@ class RWModelConfig(TrainedModelConfig):
         "id, 'builtin:smollm2-135m-instruct' or 'builtin:tiny'.",
     )
     optimizer: OptimizerConfig = _section(OptimizerConfig, "Optimizer settings.")
-    micro_batch_size: int | None = _field(
-        None,
-        "Pairs per forward/backward on each rank (gradient accumulation); null: the rank's "
-        "whole share of the batch at once.",
+    mb_spec: MicroBatchSpec = _section(
+        lambda: MicroBatchSpec(max_tokens_per_mb=None, packing=False),
+        "How each rank's share of the pairs is split into micro-batches (gradient "
+        "accumulation); a pair's chosen and rejected texts stay together and count together "
+        "against max_tokens_per_mb; packing does not apply (the reward model's forward is "
+        "padded). Default: the whole share in one forward.",
     )
     lora: LoRAConfig | None = _field(
         None,
@@ -1622,7 +1611,7 @@ class RWModelConfig(TrainedModelConfig):
         super().__post_init__()
         _validate_section(self, "lora", LoRAConfig, optional=True)
         _validate_section(self, "optimizer", OptimizerConfig)
-        _check_number("micro_batch_size", self.micro_batch_size, ge=1, integer=True, optional=True)
+        _validate_section(self, "mb_spec", MicroBatchSpec)
 
 
 @dataclass

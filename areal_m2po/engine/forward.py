@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.logprobs import gather_logprobs_entropy
 from areal_m2po.engine.packing import is_flash_attention, pack_micro_batch
 from areal_m2po.utils.data import Batch, completion_start, trim_columns
-from areal_m2po.utils.logprobs import gather_logprobs_entropy
 
 LOGPROB_CHUNK_BYTES = 32 * 2**20
 """Upper bound on the float32 size of one block of the chunked log-prob/entropy computation."""

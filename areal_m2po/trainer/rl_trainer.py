@@ -121,7 +121,7 @@ class RLTrainer(RecoverableStepLoop):
 
     def _check_launch(self) -> None:
         """Refuse launch set-ups this trainer does not handle, before any model loads."""
-        from areal_m2po.trainer.launch import check_launch, check_rl_batch
+        from areal_m2po.trainer.preflight import check_launch, check_rl_batch
 
         cfg = self.config
         check_launch(
@@ -487,13 +487,12 @@ class RLTrainer(RecoverableStepLoop):
         return tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step")
 
     def close(self) -> None:
+        """The rollout side, the reward runner, then :meth:`StepLoop.close`."""
         try:
             self.rollout.close()
         finally:
-            self.stats_logger.close()
             self.reward_runner.close()
-            self.accelerator.free_memory()
-            dist.end_process_group()
+            super().close()
 
 
 def run(config: PPOConfig) -> int:

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from areal_m2po.trainer.launch import check_extras
 from areal_m2po.trainer.node_check import check_processes_agree
+from areal_m2po.trainer.preflight import check_extras
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
 from areal_m2po.utils.host_memory import set_mmap_threshold
@@ -45,9 +45,9 @@ def start_run(config: Any) -> RunContext:
     (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
     ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``); a
     feature it asks for whose optional packages are missing is refused first
-    (:func:`~areal_m2po.trainer.launch.check_extras`), and processes that disagree on the config,
-    the files it names, package versions or the checkpoint to resume, or that do not share
-    ``output_dir``, are stopped in one line
+    (:func:`~areal_m2po.trainer.preflight.check_extras`), and processes that disagree on the
+    config, the files it names, package versions or the checkpoint to resume, or that do not
+    share ``output_dir``, are stopped in one line
     (:func:`~areal_m2po.trainer.node_check.check_processes_agree`)."""
     check_extras(config)
     if config.num_threads is not None:

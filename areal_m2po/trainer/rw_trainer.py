@@ -1,9 +1,14 @@
 """Reward-model training: a Bradley-Terry reward model learned from preference pairs.
 
-One step takes ``train_dataset.batch_size`` pairs (split across ranks), scores each chosen and
-rejected text with the model (:func:`areal_m2po.reward.reward_model.forward_scores`: the
-``score`` head at the last real token), and takes one AdamW step on
-:func:`areal_m2po.algo.bradley_terry.bradley_terry_loss` averaged over the global batch.
+One step takes ``train_dataset.batch_size`` pairs (split across ranks), collates this rank's
+share into one row per pair (:func:`collate_pairs`) and hands it to
+:meth:`HFTrainEngine.train_batch` with the pair-scoring forward (:func:`score_pairs`: the
+``score`` head at the last real token of the chosen and the rejected text,
+:func:`areal_m2po.reward.reward_model.forward_scores`), the micro-batch loss
+:class:`PairLoss` (:func:`areal_m2po.algo.bradley_terry.bradley_terry_loss`) and the number of
+pairs as the micro-batch weight: the engine splits micro-batches (``model.mb_spec``), weights
+each by its share of the pairs of every rank, clips, skips a non-finite step and steps, so the
+update is that of the loss averaged over the global batch whatever the split.
 Metrics (TRL's names under ``train/`` and ``eval/``: ``loss``, ``accuracy``, ``margin``,
 ``mean_reward``, ``min_reward``, ``max_reward``) go to ``metrics.jsonl``; the model is saved in
 Hugging Face format (``AutoModelForSequenceClassification.from_pretrained``-loadable, tokenizer
@@ -14,9 +19,7 @@ Data, tokenizer and every pair's length are checked before the model loads.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -24,8 +27,13 @@ from typing import Any
 import torch
 
 from areal_m2po.algo.bradley_terry import bradley_terry_loss, preference_stats
-from areal_m2po.api.cli_args import PreferenceDatasetConfig, RWConfig
-from areal_m2po.trainer.launch import check_batch_split
+from areal_m2po.api.cli_args import (
+    PreferenceDatasetConfig,
+    RWConfig,
+    RWModelConfig,
+    TrainEngineConfig,
+)
+from areal_m2po.trainer.preflight import check_batch_split
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
@@ -38,7 +46,7 @@ from areal_m2po.utils import dist
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 
-__all__ = ["RWTrainer", "run"]
+__all__ = ["PairLoss", "RWTrainer", "collate_pairs", "pair_count", "run", "score_pairs"]
 
 
 def _load_pairs(
@@ -49,6 +57,81 @@ def _load_pairs(
     assert dcfg.path is not None
     records = load_preference_records(dcfg.path, dcfg.split, dcfg.max_samples)
     return tokenize_preference_pairs(records, tokenizer, max_length, dcfg.use_chat_template)
+
+
+def collate_pairs(pairs: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """One row per pair: ``input_ids`` / ``attention_mask`` int64 ``[P, 2, T]`` (the chosen
+    text at ``[:, 0]``, the rejected at ``[:, 1]``, right-padded with ``pad_id`` to the longest
+    of the ``2P`` texts) and, when any pair has one, ``margin`` float32 ``[P]`` (0 for the
+    others)."""
+    from areal_m2po.reward.reward_model import pad_sequences
+
+    seqs = [p["chosen_ids"] for p in pairs] + [p["rejected_ids"] for p in pairs]
+    ids, mask = pad_sequences(seqs, pad_id, "right")
+    n = len(pairs)
+    batch = {
+        "input_ids": torch.stack([ids[:n], ids[n:]], dim=1),
+        "attention_mask": torch.stack([mask[:n], mask[n:]], dim=1),
+    }
+    if any("margin" in p for p in pairs):
+        batch["margin"] = torch.tensor([p.get("margin", 0.0) for p in pairs])
+    return batch
+
+
+def score_pairs(
+    model: torch.nn.Module, mb: dict[str, torch.Tensor], temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's ``ForwardFn`` for a reward model (a
+    :class:`~areal_m2po.reward.reward_model.LastTokenScorer`): rewards ``[p, 2]`` (chosen,
+    rejected) of the micro-batch's pairs from one forward of its ``2p`` texts (columns that
+    are padding in every text dropped), and zeros ``[p, 2]``."""
+    del temperature, entropy
+    ids, mask = mb["input_ids"], mb["attention_mask"]
+    width = int(mask.sum(-1).max())  # the longest text: right padding beyond it
+    flat_ids = torch.cat([ids[:, 0, :width], ids[:, 1, :width]])
+    flat_mask = torch.cat([mask[:, 0, :width], mask[:, 1, :width]])
+    scores = model(flat_ids, flat_mask).view(2, -1).T
+    return scores, torch.zeros_like(scores)
+
+
+def pair_count(mb: dict[str, torch.Tensor]) -> float:
+    """The engine's ``WeightFn`` for a reward model: the micro-batch's number of pairs."""
+    return float(mb["input_ids"].shape[0])
+
+
+class PairLoss:
+    """The engine's ``MicrobatchLoss`` for a reward model: the Bradley-Terry loss of the
+    micro-batch's rewards ``[p, 2]`` (with its ``margin`` and the centring term), averaged over
+    its pairs; stats ``{"loss"}``. Keeps each micro-batch's rewards (detached) in ``chosen`` /
+    ``rejected`` for the step's metrics.
+    """
+
+    def __init__(self, center_rewards_coefficient: float) -> None:
+        self.coef = center_rewards_coefficient
+        self.chosen: list[torch.Tensor] = []
+        self.rejected: list[torch.Tensor] = []
+
+    def __call__(
+        self, scores: torch.Tensor, aux: torch.Tensor, mb: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        del aux
+        chosen, rejected = scores[:, 0], scores[:, 1]
+        self.chosen.append(chosen.detach())
+        self.rejected.append(rejected.detach())
+        loss = bradley_terry_loss(chosen, rejected, mb.get("margin"), self.coef)
+        return loss, {"loss": loss.detach()}
+
+
+def _engine_config(mcfg: RWModelConfig) -> TrainEngineConfig:
+    """The train engine's settings for the reward model: its optimizer and micro-batch split.
+    LoRA and gradient checkpointing are already on the model the engine is given."""
+    return TrainEngineConfig(
+        path=mcfg.path,
+        dtype=mcfg.dtype,
+        attn_implementation=mcfg.attn_implementation,
+        optimizer=mcfg.optimizer,
+        mb_spec=mcfg.mb_spec,
+    )
 
 
 class RWTrainer(StepLoop):
@@ -82,7 +165,7 @@ class RWTrainer(StepLoop):
         self.loader, self.total_steps = epoch_loader(self.train_pairs, cfg)
 
     def _build_model(self) -> None:
-        from areal_m2po.engine.optim import build_optimizer
+        from areal_m2po.engine.train_engine import HFTrainEngine
         from areal_m2po.reward.reward_model import LastTokenScorer, load_reward_model
 
         mcfg = self.config.model
@@ -97,32 +180,27 @@ class RWTrainer(StepLoop):
             model = apply_lora(model, mcfg.lora)
             if mcfg.gradient_checkpointing:
                 model.enable_input_require_grads()
-        optimizer, self.scheduler = build_optimizer(
-            model.parameters(), mcfg.optimizer, self.total_steps
+        self.engine = HFTrainEngine(
+            _engine_config(mcfg),
+            self.accelerator,
+            self.total_steps,
+            model=LastTokenScorer(model),
+            forward_fn=score_pairs,
         )
-        self.scorer, self.optimizer = self.accelerator.prepare(LastTokenScorer(model), optimizer)
 
     @property
     def model(self) -> torch.nn.Module:
         """The (unwrapped) sequence-classification model."""
-        return self.accelerator.unwrap_model(self.scorer).model  # type: ignore[no-any-return]
+        return self.engine.unwrapped.model  # type: ignore[no-any-return]
 
     # -- scoring ------------------------------------------------------------------------------
 
     def _pair_scores(self, pairs: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) rewards ``[P]`` of ``pairs`` in one forward (right padding)."""
-        from areal_m2po.reward.reward_model import pad_sequences
-
-        seqs = [p["chosen_ids"] for p in pairs] + [p["rejected_ids"] for p in pairs]
-        ids, mask = pad_sequences(seqs, self.tokenizer.pad_token_id, "right")
-        device = self.accelerator.device
-        scores = self.scorer(ids.to(device), mask.to(device))
-        return scores[: len(pairs)], scores[len(pairs) :]
-
-    def _margins(self, pairs: list[dict[str, Any]]) -> torch.Tensor | None:
-        if not any("margin" in p for p in pairs):
-            return None
-        return torch.tensor([p.get("margin", 0.0) for p in pairs], device=self.accelerator.device)
+        batch = collate_pairs(pairs, self.tokenizer.pad_token_id)
+        mb = {k: v.to(self.engine.device) for k, v in batch.items()}
+        scores, _ = score_pairs(self.engine.model, mb, 1.0, False)
+        return scores[:, 0], scores[:, 1]
 
     def _gathered_stats(
         self, chosen: list[torch.Tensor], rejected: list[torch.Tensor], prefix: str
@@ -142,45 +220,15 @@ class RWTrainer(StepLoop):
 
     def train_step(self, pairs: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step on this rank's ``pairs`` (the global batch's mean loss)."""
-        cfg = self.config
-        n_global = len(pairs) * self.world
-        mb = cfg.model.micro_batch_size or len(pairs)
-        coef = cfg.center_rewards_coefficient or 0.0
-        self.scorer.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        chosen_all, rejected_all = [], []
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        chunks = [pairs[i : i + mb] for i in range(0, len(pairs), mb)]
-        for i, chunk in enumerate(chunks):
-            last = i == len(chunks) - 1
-            ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(self.scorer)
-            with ctx:
-                chosen, rejected = self._pair_scores(chunk)
-                loss = bradley_terry_loss(chosen, rejected, self._margins(chunk), coef)
-                # DDP averages gradients over ranks: scale so the sum is the global mean
-                self.accelerator.backward(loss * (len(chunk) / n_global) * self.world)
-            loss_sum += loss.detach().double().cpu() * len(chunk)
-            chosen_all.append(chosen)
-            rejected_all.append(rejected)
-        clip = cfg.model.optimizer.gradient_clipping
-        grad_norm = float(
-            self.accelerator.clip_grad_norm_(
-                self.scorer.parameters(), clip if clip > 0 else math.inf
-            )
-        )
-        loss_total = float(dist.all_reduce_sum(loss_sum.reshape(1))[0]) / n_global
-        if math.isfinite(grad_norm) and math.isfinite(loss_total):
-            self.optimizer.step()
-            self.scheduler.step()
-        else:
-            logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = self._gathered_stats(chosen_all, rejected_all, "train")
+        loss_fn = PairLoss(self.config.center_rewards_coefficient or 0.0)
+        batch = collate_pairs(pairs, self.tokenizer.pad_token_id)
+        train_stats, loss_stats = self.engine.train_batch(batch, loss_fn, pair_count)
+        stats = self._gathered_stats(loss_fn.chosen, loss_fn.rejected, "train")
         stats.update(
             {
-                "train/loss": loss_total,
-                "train/grad_norm": grad_norm,
-                "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+                "train/loss": loss_stats["loss"],
+                "train/grad_norm": train_stats["grad_norm"],
+                "train/lr": train_stats["lr"],
             }
         )
         return stats
@@ -193,7 +241,7 @@ class RWTrainer(StepLoop):
         t0 = time.perf_counter()
         mine = self.valid_pairs[self.rank :: self.world]
         bs = self.config.valid_dataset.batch_size if self.config.valid_dataset else 16
-        self.scorer.eval()
+        self.engine.model.eval()
         chosen_all, rejected_all = [torch.zeros(0)], [torch.zeros(0)]
         for i in range(0, len(mine), bs):
             chosen, rejected = self._pair_scores(mine[i : i + bs])
@@ -212,7 +260,7 @@ class RWTrainer(StepLoop):
         ``model.lora``: the adapter and score head, and with ``lora.save_merged`` the merged
         model in ``<path>/merged`` (what ``reward.model.path`` of PPO loads)."""
         path = os.path.join(self.output_dir, "checkpoints", tag)
-        state = self.accelerator.get_state_dict(self.scorer)
+        state = self.accelerator.get_state_dict(self.engine.model)
         lora_cfg = self.config.model.lora
         if self.is_main:
             inner = {k.removeprefix("model."): v for k, v in state.items()}
@@ -243,12 +291,6 @@ class RWTrainer(StepLoop):
         if cfg.evaluator.eval_at_start and self.valid_pairs:
             self.stats_logger.log(0, self.evaluate())
         self._run_epochs("train/epoch", lambda stats: False)
-
-    def close(self) -> None:
-        """The loggers, then the process group (:func:`dist.end_process_group`); idempotent."""
-        self.stats_logger.close()
-        self.accelerator.free_memory()
-        dist.end_process_group()
 
 
 def run(config: RWConfig) -> int:

@@ -2,7 +2,7 @@
 
 One step takes ``train_dataset.batch_size`` examples (an equal share per rank), collates this
 rank's share into the engine's batch layout (:func:`areal_m2po.dataset.sft.collate_sft`) and
-hands it to :meth:`HFTrainEngine.train_batch` with :func:`areal_m2po.utils.sft_loss.sft_nll_loss`
+hands it to :meth:`HFTrainEngine.train_batch` with :func:`areal_m2po.algo.sft_loss.sft_nll_loss`
 and the number of loss tokens as the micro-batch weight: the engine splits micro-batches, packs
 them (``model.mb_spec``), weights each by its share of the loss tokens of every micro-batch of
 every rank, clips and steps, so the update is that of the token-mean loss over the global
@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
+from areal_m2po.algo.sft_loss import sft_nll_loss
 from areal_m2po.api.cli_args import SFTConfig, SFTDatasetConfig
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
-from areal_m2po.trainer.launch import check_batch_split, check_engine_launch
+from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
@@ -42,7 +43,6 @@ from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch
-from areal_m2po.utils.sft_loss import sft_nll_loss
 
 logger = logging.getLogger("areal_m2po.sft_trainer")
 
@@ -247,11 +247,6 @@ class SFTTrainer(RecoverableStepLoop):
         self._run_epochs(
             "sft/epoch", lambda stats: self._checkpoint_after_step(not stats.get("sft/skipped"))
         )
-
-    def close(self) -> None:
-        self.stats_logger.close()
-        # destroy the process group while the interpreter is whole (gloo work can abort its exit)
-        self.accelerator.end_training()
 
 
 def run(config: SFTConfig) -> int:

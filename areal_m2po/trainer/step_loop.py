@@ -10,7 +10,8 @@ through :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`, their caden
 step, then the loop stops).
 
 A trainer subclasses one of the two classes and provides what differs: ``evaluate``,
-``save_hf``, the loop itself (``_train``) and, to resume, ``state_dict``/``_state_loaders``.
+``save_hf``, the loop itself (``_train``) and, to resume, ``state_dict``/``_state_loaders``; all
+close through :meth:`StepLoop.close`.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class StepLoop:
     """What follows each step of a trainer's loop.
 
     The trainer sets ``config`` (a root config with ``evaluator`` and ``saver`` sections),
-    ``step`` (finished steps), ``total_steps``, ``stats_logger`` and, for the helpers that use
-    them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
+    ``step`` (finished steps), ``total_steps``, ``stats_logger``, ``accelerator`` and, for the
+    helpers that use them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
     :meth:`evaluate` and :meth:`save_hf` (and, for :meth:`_run_epochs`, ``train_step`` and
     ``_local_rows``).
     """
@@ -62,6 +63,7 @@ class StepLoop:
     step: int
     total_steps: int
     stats_logger: Any
+    accelerator: Any
     loader: Any
     output_dir: str
     is_main: bool
@@ -83,6 +85,14 @@ class StepLoop:
     def _local_rows(self, items: list[Any]) -> list[Any]:
         """This rank's share of a global batch (supervised trainers)."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """The shutdown every trainer ends with: the loggers, the accelerator's references,
+        then the process group (:func:`~areal_m2po.utils.dist.end_process_group`, while the
+        interpreter is whole: gloo work can abort its exit)."""
+        self.stats_logger.close()
+        self.accelerator.free_memory()
+        dist.end_process_group()
 
     def _end_step(self, stats: dict[str, float], t_start: float) -> None:
         """After step ``self.step`` (already counted): evaluation when due (every

@@ -23,8 +23,8 @@ import torch
 Batch = dict[str, torch.Tensor]
 
 LEGACY_KEYS = {"logprobs": "behave_logp"}
-"""Old batch key -> its name now (the behaviour log-probs were ``logprobs`` up to 2026-12;
-recover checkpoints of that time hold queued batches with the old name)."""
+"""Old batch key -> its current name: recover checkpoints that hold the behaviour log-probs
+under ``logprobs`` hold queued batches with that key."""
 
 
 def with_current_keys(batch: Batch) -> Batch:
@@ -61,8 +61,9 @@ def completion_start(batch: Batch) -> int:
 
 
 def seq_lengths(batch: Batch) -> torch.Tensor:
-    """Real tokens per row, int64 [B]."""
-    return batch["attention_mask"].sum(-1)
+    """Real tokens per row, int64 [B] (summed over every dimension after the first: a row of
+    preference pairs, ``[P, 2, T]``, counts its chosen and rejected tokens together)."""
+    return batch["attention_mask"].flatten(1).sum(-1)
 
 
 def split_microbatches(

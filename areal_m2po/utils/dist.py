@@ -1,4 +1,5 @@
-"""Thin helpers over ``torch.distributed`` (set up by Accelerate); no-ops in a single process."""
+"""Thin helpers over ``torch.distributed`` (set up by Accelerate; no-ops in a single process),
+its clean shutdown, and the ``accelerate launch`` command of a multi-process CPU run."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import atexit
 import gc
 import logging
 import os
+import socket
 import sys
 from typing import Any, NoReturn
 
@@ -182,3 +184,33 @@ def exit_skipping_finalization(status: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_launch_command(num_processes: int, port: int | None = None) -> list[str]:
+    """The argv prefix of ``accelerate launch`` for ``num_processes`` processes on this machine
+    with gloo (``--multi_gpu`` is what starts N processes even without GPUs; ``--cpu`` alone
+    starts one), no mixed precision, no dynamo, on a free ``port`` (None: pick one). Append the
+    script and its arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port() if port is None else port),
+    ]

@@ -169,7 +169,7 @@ def worker(backend: str, out_path: str, args: argparse.Namespace) -> None:
 
 
 def _launch(backend: str, out_path: str, argv: list[str]) -> None:
-    from areal_m2po.trainer.launch import cpu_launch_command
+    from areal_m2po.utils.dist import cpu_launch_command
 
     cmd = [
         *cpu_launch_command(2),

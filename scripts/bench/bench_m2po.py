@@ -1,13 +1,20 @@
-"""The M2PO mask's share of a PPO update at a realistic size (issue 12: one rule unless > 1%).
+"""The M2PO mask's cost: against a plain sort-based mask, and as a share of a PPO update.
 
 Run: ``python scripts/bench/bench_m2po.py [--rows 512] [--cols 8192] [--size 1m] [--device cpu]``
 
+* ``vs_plain@REGIME``: ``_apply_m2po_masking`` (the module's rule with its input checks) over a
+  plain sort-based mask with no checks (float64 m2 of the valid tokens, one sort, suffix means
+  by a flipped cumulative sum, the first suffix below the threshold, one scatter), both on the
+  same ``[--plain-rows, --plain-cols]`` inputs (default 64 x 4096), timed alternately in one
+  loop, medians of ``--repeats``; ``stats_vs_plain@REGIME`` the same for ``m2po_mask`` (the
+  mask and its statistics). Below 1: faster than the plain mask.
+
 * ``mask_ms@REGIME``: ``m2po_mask`` (the mask and its stats: what one M2PO scope computes) on
   ``[rows, cols]`` float32 log-probs, completion lengths uniform in ``[cols/4, cols]``, median
-  of ``--repeats``. Regimes: ``quiet`` (drift N(0, 0.1^2), threshold 0.04: nothing to mask, one
-  reduction), ``stale`` (heavy-tailed drift, threshold 0.04: the sort and the cumulative means),
-  ``on_mean`` (m2 on a 0.05 grid, threshold the float64 mean of the smallest 80%: the exact
-  evaluation of the cut runs too).
+  of ``--repeats``. Regimes: ``quiet`` (drift N(0, 0.1^2), threshold 0.04: nothing to mask),
+  ``stale`` (heavy-tailed drift, threshold 0.04: about 13% masked),
+  ``on_mean`` (m2 on a 0.05 grid, many equal values, threshold the float64 mean of the
+  smallest 80%: a cut that float64 rounding decides).
 * ``update_ms_per_1k_tokens``: one bare PPO step (forward, token log-probs, policy-gradient loss,
   backward, AdamW) of the bench's ``--size`` Llama on ``[--update-rows, --update-cols]`` tokens.
   Scaled linearly to ``rows x cols`` tokens: a LOWER bound on the update at that size (attention
@@ -20,6 +27,7 @@ Everything runs in one process with ``--threads`` threads; the last lines are ``
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -38,6 +46,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from bench import build_model  # noqa: E402
 
 from areal_m2po.algo.m2po import m2_per_token, m2po_mask  # noqa: E402
+from areal_m2po.trainer.ppo.actor import _apply_m2po_masking  # noqa: E402
 
 THRESHOLD = 0.04
 
@@ -76,6 +85,52 @@ def mask_inputs(rows: int, cols: int, regime: str, g: torch.Generator) -> tuple:
         k = int(0.8 * asc.numel())
         thr = float(asc[:k].sum()) / k
     return old, prox, mask, thr
+
+
+def plain_sort_mask(
+    old: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor, thr: float
+) -> torch.Tensor:
+    """The rule with nothing else: no input checks, no stable tie order, no statistics."""
+    d = old[mask].double() - prox[mask].double()
+    desc, order = torch.sort(d * d, descending=True)
+    n = desc.numel()
+    counts = torch.arange(n, 0, -1, dtype=torch.float64, device=desc.device)
+    below = torch.nonzero(desc.flip(0).cumsum(0).flip(0) / counts < thr)
+    n_drop = int(below[0, 0]) if below.numel() else n - 1
+    keep_sorted = torch.arange(n, device=desc.device) >= n_drop
+    out = torch.zeros_like(mask)
+    out[mask] = torch.empty_like(keep_sorted).scatter_(0, order, keep_sorted)
+    return out
+
+
+def bench_vs_plain(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    """Medians of the module's mask, its mask + stats and the plain mask, timed alternately."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out: dict[str, float] = {}
+    for regime in ("quiet", "stale", "on_mean"):
+        g = torch.Generator().manual_seed(0)
+        inputs = mask_inputs(args.plain_rows, args.plain_cols, regime, g)
+        old, prox, mask, thr = [x.to(device) for x in inputs[:3]] + [inputs[3]]
+        fns = {
+            "plain": functools.partial(plain_sort_mask, old, prox, mask, thr),
+            "apply": functools.partial(_apply_m2po_masking, old, prox, mask, thr),
+            "stats": functools.partial(m2po_mask, old, prox, mask, thr),
+        }
+        # as many tokens kept (which of several equal m2 values go differs: unstable sort)
+        assert int(fns["plain"]().sum()) == int(fns["apply"]().sum()), regime
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(args.repeats):
+            for name, fn in fns.items():
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times[name].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out[f"plain_ms@{regime}"] = 1e3 * med["plain"]
+        out[f"vs_plain@{regime}"] = med["apply"] / med["plain"]
+        out[f"stats_vs_plain@{regime}"] = med["stats"] / med["plain"]
+    return out
 
 
 def bench_mask(args: argparse.Namespace, device: torch.device) -> dict[str, float]:
@@ -130,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--size", default="1m", help="a size of scripts/bench/bench.py (1m, 10m, 135m)"
     )
+    parser.add_argument("--plain-rows", type=int, default=64)
+    parser.add_argument("--plain-cols", type=int, default=4096)
     parser.add_argument("--update-rows", type=int, default=8)
     parser.add_argument("--update-cols", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
@@ -138,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    res = bench_mask(args, device)
+    res = bench_vs_plain(args, device)
+    res.update(bench_mask(args, device))
     res.update(bench_update(args, device))
     update_ms = res["update_ms_per_1k_tokens"] * args.rows * args.cols / 1e3
     res["update_ms_lower_bound"] = update_ms
@@ -146,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         mask_ms = res[f"mask_ms@{regime}"]
         res[f"m2po_share@{regime}"] = mask_ms / (mask_ms + update_ms)
     print(
-        f"# torch {torch.__version__}, {device}, threads={torch.get_num_threads()}, mask on "
+        f"# torch {torch.__version__}, {device}, threads={torch.get_num_threads()}, "
+        f"vs_plain on [{args.plain_rows}, {args.plain_cols}], mask on "
         f"[{args.rows}, {args.cols}], update of the {args.size} Llama on "
         f"[{args.update_rows}, {args.update_cols}] scaled to [{args.rows}, {args.cols}]"
     )

@@ -112,6 +112,73 @@ def test_saved_model_loads_as_sequence_classification(trained_rm: Path):
     assert model.config.pad_token_id is not None
 
 
+def _rm_trainer(tmp_path: Path, name: str, **model_kw: object):
+    from areal_m2po.api.cli_args import (
+        EvaluatorConfig,
+        MicroBatchSpec,
+        OptimizerConfig,
+        PreferenceDatasetConfig,
+        RWModelConfig,
+        StatsLoggerConfig,
+    )
+    from areal_m2po.trainer.rw_trainer import RWTrainer
+
+    rows = _separable_pairs(12, seed=2)
+    for i, row in enumerate(rows):  # a margin on some pairs only
+        if i % 3 == 0:
+            row["margin"] = 0.5
+    data = _write_jsonl(tmp_path / "pairs.jsonl", rows)
+    cfg = RWConfig(
+        output_dir=str(tmp_path / name),
+        total_train_steps=1,
+        num_threads=1,
+        center_rewards_coefficient=0.1,
+        model=RWModelConfig(
+            path="builtin:tiny",
+            # plain SGD: the update is the gradient (Adam would magnify rounding in tiny ones)
+            optimizer=OptimizerConfig(type="sgd", lr=0.5, beta1=0.0, gradient_clipping=0.0),
+            mb_spec=MicroBatchSpec(**model_kw),  # type: ignore[arg-type]
+        ),
+        train_dataset=PreferenceDatasetConfig(path=str(data), batch_size=12, shuffle=False),
+        evaluator=EvaluatorConfig(eval_at_start=False, eval_at_end=False, freq_steps=None),
+        stats_logger=StatsLoggerConfig(console=False, progress_bar=False),
+    )
+    return RWTrainer(cfg)
+
+
+def test_micro_batches_give_the_step_of_one_forward(tmp_path: Path):
+    """model.mb_spec splits a step's pairs over the train engine's micro-batches (a pair's two
+    texts together, margins with their pairs): the loss, metrics and updated weights are those
+    of one forward over all pairs."""
+    from areal_m2po.trainer.rw_trainer import collate_pairs
+
+    whole = _rm_trainer(tmp_path, "whole", max_tokens_per_mb=None)  # one micro-batch
+    split = _rm_trainer(tmp_path, "split", n_mbs=5, max_tokens_per_mb=None)  # 1 to 3 pairs
+    initial = {k: v.clone() for k, v in whole.model.state_dict().items()}
+    pairs = whole.loader.next_batch()[0]
+    assert pairs == split.loader.next_batch()[0] and any("margin" in p for p in pairs)
+    a = whole.train_step(pairs)
+    b = split.train_step(pairs)
+    batch = collate_pairs(pairs, split.tokenizer.pad_token_id)
+    assert len(whole.engine.micro_batches(batch)) == 1
+    assert sorted(len(mb["input_ids"]) for mb in split.engine.micro_batches(batch)) == [
+        1,
+        2,
+        3,
+        3,
+        3,
+    ]
+    for key, value in a.items():
+        assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    want = whole.model.state_dict()
+    moved = max(float((w - initial[k]).abs().max()) for k, w in want.items())
+    assert moved > 1e-3  # the step changed the weights
+    for name, w in split.model.state_dict().items():
+        torch.testing.assert_close(w, want[name], rtol=1e-5, atol=1e-6, msg=name)
+    whole.close()
+    split.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # scoring equals a direct forward of the saved model; padding side; scored position
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 import torch
 from procs import REPO, SUPPORT, read_metrics, subprocess_env, untimed
 
+from areal_m2po.algo.sft_loss import sft_nll_loss
 from areal_m2po.api.cli_args import (
     EvaluatorConfig,
     MicroBatchSpec,
@@ -27,7 +28,6 @@ from areal_m2po.api.cli_args import (
     TrainEngineConfig,
 )
 from areal_m2po.utils import recover
-from areal_m2po.utils.sft_loss import sft_nll_loss
 
 pytestmark = pytest.mark.usefixtures("restore_threads")
 

@@ -26,7 +26,7 @@ from procs import (
 
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_loader import load_config, save_config
-from areal_m2po.trainer.launch import check_launch
+from areal_m2po.trainer.preflight import check_launch
 
 
 def _cfg(*overrides: str) -> PPOConfig:

@@ -11,7 +11,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_m2po
 
 
 def test_bench_m2po_smoke() -> None:
-    args = ["--rows=16", "--cols=64", "--update-rows=2", "--update-cols=16", "--repeats=1"]
+    args = ["--rows=16", "--cols=64", "--plain-rows=8", "--plain-cols=64"]
+    args += ["--update-rows=2", "--update-cols=16", "--repeats=1"]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
     )
@@ -27,6 +28,7 @@ def test_bench_m2po_smoke() -> None:
     update_ms = values["update_ms_per_1k_tokens"] * 16 * 64 / 1e3
     assert abs(values["update_ms_lower_bound"] - update_ms) <= 1e-3 * update_ms
     for regime in ("quiet", "stale", "on_mean"):
+        assert values[f"vs_plain@{regime}"] > 0 and values[f"stats_vs_plain@{regime}"] > 0
         mask_ms = values[f"mask_ms@{regime}"]
         share = mask_ms / (mask_ms + values["update_ms_lower_bound"])
         assert abs(values[f"m2po_share@{regime}"] - share) <= 1e-3 * share

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from areal_m2po.trainer.launch import cpu_launch_command
+from areal_m2po.utils.dist import cpu_launch_command
 
 SUPPORT = Path(__file__).resolve().parent
 """``tests/support``: the workers and ``toy_rewards``."""

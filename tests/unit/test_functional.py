@@ -1,5 +1,5 @@
 """Losses, advantage/reward maths and log-prob gathering (areal_m2po.algo; the losses through
-AReaL's names in areal_m2po.algo.areal_compat; areal_m2po.utils.logprobs).
+AReaL's names in areal_m2po.algo.areal_compat; areal_m2po.algo.logprobs).
 
 Expected numbers are derived by hand in the comments (or by an independent plain-torch
 reference). Tests use local torch.Generator objects and set nothing global.
@@ -16,10 +16,10 @@ from areal_m2po.algo.advantages import gae_advantages
 from areal_m2po.algo.aggregation import agg_loss
 from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, ppo_critic_loss_fn, sapo_loss_fn
 from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.logprobs import gather_logprobs_entropy
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
 from areal_m2po.algo.reductions import masked_mean, masked_sum, masked_var
 from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
-from areal_m2po.utils.logprobs import gather_logprobs_entropy
 
 F64 = torch.float64
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from areal_m2po.algo import aggregation, kl, normalization, ppo_loss
+from areal_m2po.algo import aggregation, kl, m2po, normalization, ppo_loss
 from areal_m2po.algo.areal_compat import ppo_actor_loss_fn
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.rejection_sampling import RejectionSampling, as_rejection_sampling
@@ -111,6 +111,7 @@ def test_choice_lists_are_defined_once():
     fields = {f.name: f for f in dataclasses.fields(ActorConfig)}
     assert fields["loss_agg_mode"].metadata["choices"] is cli_args.LOSS_AGG_MODES
     assert fields["kl_estimator"].metadata["choices"] is cli_args.KL_ESTIMATORS
+    assert fields["m2_token_set"].metadata["choices"] is m2po.TOKEN_SETS
     assert fields["importance_sampling_level"].metadata["choices"] is (
         cli_args.IMPORTANCE_SAMPLING_LEVELS
     )
@@ -133,7 +134,7 @@ def test_rejection_bounds_one_rule_lower_below_upper():
         )
     with pytest.raises(ValueError, match="lower: must be < upper"):
         as_rejection_sampling({"lower": 2.0, "upper": 1.0})
-    with pytest.raises(ConfigError, match="lower: must be < upper"):
+    with pytest.raises(ValueError, match="^lower: must be < upper"):
         RejectionSampling(lower=1.0, upper=1.0)
     ok = as_rejection_sampling({"lower": 0.999, "upper": 1.0})
     assert isinstance(ok, RejectionSampling) and (ok.lower, ok.upper) == (0.999, 1.0)

@@ -18,7 +18,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from areal_m2po.algo.m2po import m2po_candidates, m2po_mask, trust_region_tokens
+from areal_m2po.algo.m2po import m2po_mask, trust_region_tokens
 from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, global_m2po_mask
 
 
@@ -210,7 +210,7 @@ def test_bad_input_is_refused_with_the_culprit_named():
     with pytest.raises(ValueError, match="needs the advantages"):
         m2po_mask(behave, prox, valid, 0.04, token_set="trust_region")
     with pytest.raises(ValueError, match="token_set must be one of"):
-        m2po_candidates("quadrants", behave, prox, valid, torch.zeros(1, 3))
+        m2po_mask(behave, prox, valid, 0.04, advantages=torch.zeros(1, 3), token_set="quadrants")
     with pytest.raises(ValueError, match="prox_logp has 1 non-finite"):
         m2po_mask(
             behave,

@@ -55,7 +55,7 @@ logger = logging.getLogger("areal_m2po.actor")
 KL_CLAMP = 10.0
 """Bound on each token's KL estimate in the KL reward penalty (AReaL's ``KLEstimator`` clamp)."""
 
-# the seed's promise: AReaL's M2PO helpers import from here (defined in algo/areal_compat.py)
+# AReaL's M2PO helpers, importable from here as from AReaL's actor (defined in algo/areal_compat.py)
 __all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
 
 

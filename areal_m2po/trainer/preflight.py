@@ -1,4 +1,5 @@
-"""Launch set-ups a run can use, checked before any model loads (one line naming the key).
+"""Preflight checks of a run's launch, before any model loads (one line naming the key): the
+launch set-up (processes, distributed type, backend) and how the batch splits over processes.
 
 ``accelerate launch`` decides the distributed type and the number of processes; the config
 decides the backend (``actor.backend`` / ``critic.backend``: ``ddp`` or ``fsdp2``). The engine
@@ -18,7 +19,6 @@ applies FSDP2 itself on the process group Accelerate made, so:
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -152,28 +152,3 @@ def check_rl_batch(config: PPOConfig, world: int) -> None:
             f"{batch // world} prompt groups each of the {world} processes holds "
             "(train_dataset.batch_size / processes)"
         )
-
-
-def cpu_launch_command(num_processes: int, port: int | None = None) -> list[str]:
-    """The argv prefix of ``accelerate launch`` for ``num_processes`` processes on this machine
-    with gloo (``--multi_gpu`` is what starts N processes even without GPUs; ``--cpu`` alone
-    starts one), no mixed precision, no dynamo, on a free ``port`` (None: pick one). Append the
-    script and its arguments."""
-    from areal_m2po.engine.server_launcher import free_port
-
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port() if port is None else port),
-    ]

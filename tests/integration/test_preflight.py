@@ -1,11 +1,11 @@
-"""Batch-split checks of a launch (trainer/launch.py), run before any model loads."""
+"""Batch-split checks of a launch (trainer/preflight.py), run before any model loads."""
 
 from __future__ import annotations
 
 import pytest
 
 from areal_m2po.api.cli_args import PPOConfig
-from areal_m2po.trainer.launch import check_batch_split, check_rl_batch
+from areal_m2po.trainer.preflight import check_batch_split, check_rl_batch
 
 
 def _cfg(batch: int, n_minibatches: int = 1, mode: str = "sync") -> PPOConfig:
