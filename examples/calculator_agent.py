@@ -21,7 +21,7 @@ from typing import Any
 import openai
 
 from areal_m2po.reward.math_reward import math_reward_fn
-from areal_m2po.rollout.calculator import CalculatorError, calculate
+from areal_m2po.rollout.workflows.multi_turn.calculator import CalculatorError, calculate
 
 CALC_TOOL = {
     "type": "function",

@@ -31,7 +31,7 @@ from areal_m2po.api.config_loader import load_config
 from areal_m2po.api.engine_api import ModelResponse
 from areal_m2po.api.workflow_api import TrajectoryGroup, WorkflowContext
 from areal_m2po.rollout.rewards import GroupScores
-from areal_m2po.rollout.rlvr import RLVRWorkflow
+from areal_m2po.rollout.workflows.rlvr import RLVRWorkflow
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

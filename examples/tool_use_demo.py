@@ -48,7 +48,7 @@ def tool_demonstrations(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` conversations from the training split: the question, the tool call, its result (as
     the calculator environment renders it) and the answer."""
     from areal_m2po.dataset.multiplication import make_multiplication_split
-    from areal_m2po.rollout.calculator import calculate
+    from areal_m2po.rollout.workflows.multi_turn.calculator import calculate
 
     records = []
     for record in make_multiplication_split("train", n=n, seed=seed):

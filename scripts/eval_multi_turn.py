@@ -1,7 +1,7 @@
 """Greedy multi-turn evaluation of a model on a built-in task: success, tool use, second turns.
 
 The trainer's own evaluation is single-turn; this runs whole episodes of the multi-turn
-workflow (``areal_m2po.rollout.multi_turn_eval``) and prints one JSON line::
+workflow (``areal_m2po.rollout.workflows.multi_turn.evaluation``) and prints one JSON line::
 
     python scripts/eval_multi_turn.py --model builtin:smollm2-135m-instruct
     python scripts/eval_multi_turn.py --model outputs/tool-use/trial0/checkpoints/final
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from areal_m2po.api.workflow_api import WorkflowContext
     from areal_m2po.dataset.loader import build_prompts, load_records
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.rollout.hf_engine import HFInferenceEngine
-    from areal_m2po.rollout.multi_turn_eval import evaluate_multi_turn
+    from areal_m2po.rollout.engines.hf import HFInProcessEngine
+    from areal_m2po.rollout.workflows.multi_turn.evaluation import evaluate_multi_turn
 
     path = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     records = load_records(args.dataset, split=args.split, max_samples=args.n)
     prompts, _ = build_prompts(records, tokenizer, max_prompt_length=512)
     g = GenerationConfig(n_samples=1, max_new_tokens=args.max_new_tokens)
-    engine = HFInferenceEngine(model, tokenizer, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tokenizer, torch.device("cpu"))
     context = WorkflowContext(
         tokenizer, g, SamplingParams.from_gconfig(g), list(engine.eos_ids), None
     )

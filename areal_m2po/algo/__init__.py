@@ -21,6 +21,7 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.logprobs`: chunked per-token log-probs and entropy from logits;
 * :mod:`~areal_m2po.algo.options`: the option values (choice lists) and the rejection-sampling
   options' rule, torch-free, which the config tree offers as its choices;
+* :mod:`~areal_m2po.algo.dpo`: the DPO / IPO preference loss and its pair log-ratios;
 * :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
   argument checks the modules above share;
 * :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one

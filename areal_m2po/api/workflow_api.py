@@ -1,17 +1,28 @@
 """The rollout-workflow interface: from one dataset record to one group of scored trajectories.
 
-A :class:`RolloutWorkflow` is the whole rollout logic of one prompt: it asks an
+A :class:`RolloutWorkflow` is the whole rollout logic of one prompt: one **episode**
+(:meth:`RolloutWorkflow.arun_episode`) asks an
 :class:`~areal_m2po.api.engine_api.InferenceEngine` for completions (one turn or many, with
-tools or an environment in between), scores them, and returns a :class:`TrajectoryGroup` of
-token-level training data, or ``None`` to drop the prompt. The rollout executors (sync and
-async mode) run the same workflow code; they turn the groups of a training batch into the
-trainer's batch tensors (layout in :mod:`areal_m2po.utils.data`).
+tools or an environment in between) and returns one :class:`Trajectory` of token-level
+training data, or ``None`` to drop the prompt. The rollout executors (sync and async mode) run
+``gconfig.n_samples`` episodes of each record at once, hand them to
+:meth:`RolloutWorkflow.afinish_group` (scoring the group together, filtering it) and turn the
+groups of a training batch into the trainer's batch tensors (layout in
+:mod:`areal_m2po.utils.data`). No workflow repeats the fan-out.
 
 One training step, from the trainer's side (what the sync executor does)::
 
     records, epoch = loader.next_batch()                     # B dataset records
-    groups = await asyncio.gather(*(workflow.arun_episode(engine, r) for r in records))
-    kept = [g for g in groups if g is not None]              # None: dropped
+
+    async def group(record):                                 # the executor's fan-out
+        episodes = await asyncio.gather(*(workflow.arun_episode(engine, record)
+                                          for _ in range(n)))
+        if any(t is None for t in episodes):
+            return None                                      # None: the group is dropped
+        return await workflow.afinish_group(record, episodes)
+
+    groups = await asyncio.gather(*(group(r) for r in records))
+    kept = [g for g in groups if g is not None]
     stats = workflow.finish_batch(kept)                      # batch-level reward shaping
     batch = groups_to_batch(kept, pad_id)                    # the [B*n, T] tensors
     ... train on batch ...
@@ -115,9 +126,9 @@ class TrajectoryGroup:
     """The trajectories of one dataset record, trained on together.
 
     Args:
-        trajectories: exactly ``gconfig.n_samples`` of them (GRPO normalises rewards over
-            a group: rows ``g * n .. g * n + n - 1`` of the batch); the executor refuses
-            another count with one line naming the workflow.
+        trajectories: exactly ``gconfig.n_samples`` of them, one per episode (GRPO normalises
+            rewards over a group: rows ``g * n .. g * n + n - 1`` of the batch); the executor
+            refuses another count with one line naming the workflow.
         stats: metrics of this group, **summed** over the groups of a training batch and
             logged under these keys (counts, e.g. ``reward/n_errors``).
     """
@@ -165,16 +176,27 @@ class RolloutWorkflow(abc.ABC):
     @abc.abstractmethod
     async def arun_episode(
         self, engine: InferenceEngine, record: dict[str, Any]
-    ) -> TrajectoryGroup | None:
-        """Generate and score the group of one record; None drops it.
+    ) -> Trajectory | None:
+        """One episode of ``record``: its trajectory, or None to drop the record's group.
 
         ``record`` is one dataset row: ``question`` (prompt text), ``answer`` (reference),
         ``prompt_ids`` (the tokenised prompt, chat template applied), ``prompt_text`` (its
-        text), and every other column of the dataset as it was read. Many episodes run
-        concurrently on one event loop: do blocking work (CPU-heavy scoring, I/O) with
-        ``await asyncio.to_thread(...)``. An exception stops the run (the executor reports it
-        in one line); score failures that should not, catch and score.
+        text), and every other column of the dataset as it was read; treat it as read-only
+        (the group's episodes share it). Many episodes run concurrently on one event loop: do
+        blocking work (CPU-heavy scoring, I/O) with ``await asyncio.to_thread(...)``. An
+        episode of several engine calls sends them under one ``ModelRequest.rid``, so a
+        remote engine keeps them on one server. An exception stops the run (the executor
+        reports it in one line); score failures that should not, catch and score.
         """
+
+    async def afinish_group(
+        self, record: dict[str, Any], trajectories: list[Trajectory]
+    ) -> TrajectoryGroup | None:
+        """The group of ``record`` from its ``gconfig.n_samples`` episodes (none of them
+        None), or None to drop it: where the group is scored together (a reward model's batch,
+        one reward-function call), filtered, and its ``stats`` counted. Default: the
+        trajectories as they are, no stats."""
+        return TrajectoryGroup(trajectories)
 
     async def aevaluate(
         self, engine: InferenceEngine, record: dict[str, Any]

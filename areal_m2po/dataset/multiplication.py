@@ -4,8 +4,8 @@ All 900 x 90 = 81000 ordered pairs ``(a, b)`` with ``100 <= a <= 999`` and ``10 
 are permuted once with :data:`MULTIPLICATION_PARTITION_SEED`; the first
 :data:`N_MULTIPLICATION_TEST_PAIRS` form the test split and the rest the train split. The
 question tells the model how to call the calculator tool of
-:mod:`areal_m2po.rollout.tool_env` (``<calc>expression</calc>``), which a small model needs:
-it cannot multiply such numbers in its head, and can with the tool.
+:mod:`areal_m2po.rollout.workflows.multi_turn.tool_env` (``<calc>expression</calc>``), which
+a small model needs: it cannot multiply such numbers in its head, and can with the tool.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``rollout.mode=async``: episodes run while the trainer trains, bounded by AReaL's rule.
 
 A background thread runs an asyncio loop that starts the episode of a record (one group of
-``n`` samples) only when :class:`~areal_m2po.utils.staleness.StalenessBudget` allows it (at
+``n`` samples) only when :class:`~areal_m2po.rollout.staleness.StalenessBudget` allows it (at
 most ``max_head_offpolicyness`` versions stale when trained on; at most
 ``max_concurrent_rollouts`` samples in flight, a group counting ``n``), and keeps each finished
 group until the trainer asks for it. The trainer (main thread) calls
@@ -30,8 +30,8 @@ import torch
 
 from areal_m2po.api.workflow_api import TrajectoryGroup
 from areal_m2po.rollout.executor import Policy, RolloutExecutor, RolloutSetup
+from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.utils.data import Batch
-from areal_m2po.utils.staleness import StalenessBudget
 
 logger = logging.getLogger("areal_m2po.async_rollout")
 
@@ -111,17 +111,20 @@ class AsyncRolloutExecutor(RolloutExecutor):
         b = self.budget.groups_per_batch
         want = list(range(self._next_train, self._next_train + b))
         t0 = time.perf_counter()
-        with self._cond:
-            while self._error is None and not all(i in self._done for i in want):
-                self._cond.wait(timeout=0.2)
-                if self._error is None:
-                    try:
-                        self.engine.check_health()
-                    except BaseException as exc:
-                        self._error = exc
-            if self._error is not None:
-                raise self._error
-            done = [self._done.pop(i) for i in want]
+        while True:
+            with self._cond:
+                if self._error is None and not all(i in self._done for i in want):
+                    self._cond.wait(timeout=0.2)
+                if self._error is not None:
+                    raise self._error
+                if all(i in self._done for i in want):
+                    done = [self._done.pop(i) for i in want]
+                    break
+            # outside the condition the loop thread needs (the engine may probe its servers)
+            try:
+                self.engine.check_health()
+            except BaseException as exc:
+                self._fail(exc)
         self._next_train += b
         batch, info = self._build([g for g, _ in done], max(e for _, e in done), 0.0)
         info["timing/gen_s"] = time.perf_counter() - t0  # the trainer's wait
@@ -202,7 +205,7 @@ class AsyncRolloutExecutor(RolloutExecutor):
 
     async def _run_group(self, index: int, record: dict[str, Any], epoch: int) -> None:
         try:
-            group = await self._episode(record)
+            group = await self._group(record)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

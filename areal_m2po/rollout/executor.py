@@ -19,18 +19,48 @@ from typing import Any
 import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, SamplingParams
-from areal_m2po.api.workflow_api import RolloutWorkflow, TrajectoryGroup, WorkflowContext
-from areal_m2po.rollout.batch import check_groups, groups_to_batch, sum_group_stats
-from areal_m2po.rollout.rlvr import decode_completion
+from areal_m2po.api.workflow_api import (
+    RolloutWorkflow,
+    Trajectory,
+    TrajectoryGroup,
+    WorkflowContext,
+)
+from areal_m2po.rollout.batch_builder import check_groups, groups_to_batch, sum_group_stats
+from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
 
-__all__ = ["Policy", "RolloutExecutor", "RolloutSetup"]
+__all__ = ["Policy", "RolloutExecutor", "RolloutSetup", "arun_group"]
 
 Policy = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 """Gives the trainer's current full weights as ``(name, tensor)`` pairs (consumed once)."""
 
 _REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
+
+
+async def arun_group(
+    workflow: RolloutWorkflow,
+    engine: InferenceEngine,
+    record: dict[str, Any],
+    n_samples: int,
+    workflow_name: str = "rlvr",
+) -> TrajectoryGroup | None:
+    """The group of one record: ``n_samples`` episodes of ``workflow`` at once, then its
+    :meth:`~areal_m2po.api.workflow_api.RolloutWorkflow.afinish_group`; None when an episode
+    or the group was dropped. ``workflow_name`` (``rollout.workflow``) names the workflow in
+    the one-line error of an episode that returns something else than a Trajectory or None."""
+    episodes = await gather_or_cancel(
+        *(workflow.arun_episode(engine, record) for _ in range(n_samples))
+    )
+    for t in episodes:
+        if t is not None and not isinstance(t, Trajectory):
+            raise TypeError(
+                f"rollout.workflow {workflow_name}: arun_episode returned {type(t).__name__}, "
+                "not a Trajectory or None"
+            )
+    if any(t is None for t in episodes):
+        return None
+    return await workflow.afinish_group(record, list(episodes))
 
 
 @dataclass(frozen=True)
@@ -122,8 +152,11 @@ class RolloutExecutor(abc.ABC):
 
     # -- shared -------------------------------------------------------------------------------
 
-    async def _episode(self, record: dict[str, Any]) -> TrajectoryGroup | None:
-        return await self.workflow.arun_episode(self.engine, record)
+    async def _group(self, record: dict[str, Any]) -> TrajectoryGroup | None:
+        """The group of ``record`` (``n_samples`` episodes; see :func:`arun_group`)."""
+        return await arun_group(
+            self.workflow, self.engine, record, self.n_samples, self.workflow_name
+        )
 
     def _build(
         self, groups: Sequence[TrajectoryGroup | None], epoch: int, gen_s: float

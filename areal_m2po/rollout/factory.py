@@ -1,11 +1,23 @@
-"""The executor and engine the config asks for: the only place that knows the mode.
+"""The executor and engine the config asks for: the only place that reads ``rollout.mode`` and
+``rollout.backend``.
 
-``rollout.mode=sync``: :class:`~areal_m2po.rollout.hf_engine.HFInferenceEngine` (a copy of the
-policy in this process) under :class:`~areal_m2po.rollout.sync_executor.SyncRolloutExecutor`.
-``rollout.mode=async``: :class:`~areal_m2po.rollout.remote_engine.RemoteSGLangEngine` (the
-servers of ``rollout.server_addrs``, or ``rollout.n_servers`` started here) under
-:class:`~areal_m2po.rollout.async_executor.AsyncRolloutExecutor`; no copy of the policy is
-kept in this process (weights go to the servers through disk).
+=================  =========================================  ==================================
+backend / mode     engine                                     executor
+=================  =========================================  ==================================
+hf, sync           :class:`~.engines.hf.HFInProcessEngine`    :class:`~.sync_executor.
+                   (a copy of the policy in this process)     SyncRolloutExecutor`
+hf, async          :class:`~.engines.remote.sglang.           :class:`~.async_executor.
+                   RemoteSGLangEngine` (``server_addrs``, or  AsyncRolloutExecutor`
+                   ``n_servers`` HF rollout servers started
+                   here; weights through disk)
+vllm, in_process   :class:`~.engines.vllm.in_process.         the mode's
+                   VLLMInProcessEngine`
+vllm, servers      :class:`~.engines.remote.vllm.             the mode's
+                   RemoteVLLMEngine`
+=================  =========================================  ==================================
+
+Servers started here are started now (rank 0), so they load while the trainer builds its
+models; the engine waits for them at ``initialize``.
 """
 
 from __future__ import annotations
@@ -18,8 +30,9 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import PPOConfig
-from areal_m2po.api.engine_api import SamplingParams
+from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
+from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.workflows import build_workflow
@@ -35,12 +48,12 @@ class RolloutParts:
         tokenizer: the policy's tokenizer.
         loader: the prompt loader (``next_batch() -> (records, epoch)``).
         reward: the reward sources.
-        output_dir: the run directory (async: ``rollout_weights/``, ``logs/``).
+        output_dir: the run directory (servers: ``rollout_weights/``, ``logs/``).
         rank, world: this process and how many there are.
         device: the trainer's device (sync: where generation runs).
-        policy_model: sync mode: gives the policy as an unsharded module to copy (called
-            once); async mode: unused.
-        model_config: the policy's ``transformers`` config (async: saved with the weights).
+        policy_model: sync mode with the HF backend: gives the policy as an unsharded module
+            to copy (called once); otherwise unused.
+        model_config: the policy's ``transformers`` config (saved with the weights).
         generation_config: the policy's generation config (its EOS ids end completions too).
     """
 
@@ -75,21 +88,18 @@ def _pad_id(tokenizer: Any, eos_ids: list[int]) -> int:
 def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     """The executor, engine and workflow of ``cfg.rollout`` (the engine not yet started)."""
     roll = cfg.rollout
+    engine: InferenceEngine
     if roll.backend == "vllm":
-        from areal_m2po.rollout.vllm_factory import build_vllm_engine
-
-        engine: Any = build_vllm_engine(
-            cfg, parts.tokenizer, parts.output_dir, parts.world, parts.rank
-        )
+        engine = _vllm_engine(cfg, parts)
         eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
     elif roll.mode == "async":
-        engine = _remote_engine(cfg, parts)
+        engine = _remote_hf_engine(cfg, parts)
         eos_ids = eos_token_ids(parts.tokenizer, parts.generation_config)
     else:
-        from areal_m2po.rollout.hf_engine import HFInferenceEngine
+        from areal_m2po.rollout.engines.hf import HFInProcessEngine
 
-        engine = HFInferenceEngine(parts.policy_model(), parts.tokenizer, parts.device)
-        eos_ids = list(engine.eos_ids)
+        hf = HFInProcessEngine(parts.policy_model(), parts.tokenizer, parts.device)
+        engine, eos_ids = hf, list(hf.eos_ids)
     context = WorkflowContext(
         tokenizer=parts.tokenizer,
         gconfig=cfg.gconfig,
@@ -103,7 +113,7 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     )
     if roll.mode == "async":
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-        from areal_m2po.utils.staleness import StalenessBudget
+        from areal_m2po.rollout.staleness import StalenessBudget
 
         n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size
         budget = StalenessBudget(
@@ -125,31 +135,93 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     )
 
 
-def _remote_engine(cfg: PPOConfig, parts: RolloutParts) -> Any:
-    from areal_m2po.engine.server_launcher import ServerProcesses
-    from areal_m2po.rollout.remote_engine import RemoteEngineOptions, RemoteSGLangEngine
+def _remote_options(cfg: PPOConfig, parts: RolloutParts) -> Any:
+    from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+
+    weights_root = os.path.join(parts.output_dir, "rollout_weights")
+    return cfg.rollout.engine_options(RemoteEngineOptions, weights_root=weights_root)
+
+
+def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
+    """HF rollout servers (``rollout.server_addrs``, or ``rollout.n_servers`` started here)
+    behind the SGLang-protocol engine."""
+    from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
+    from areal_m2po.rollout.servers.launch import HFServerOptions, start_hf_servers
 
     roll = cfg.rollout
-    servers = None
-    if roll.server_addrs:
-        addrs = list(roll.server_addrs)
-    else:
-        servers = ServerProcesses(
-            roll.n_servers,
+    processes = None
+    if not roll.server_addrs:
+        options = HFServerOptions(
             model_path=cfg.actor.path,
             tokenizer_path=cfg.tokenizer_path,
             dtype=cfg.actor.dtype,
             attn_implementation=cfg.actor.attn_implementation,
             num_threads=roll.server_threads,
-            log_dir=os.path.join(parts.output_dir, "logs"),
             device=roll.server_device,
             seed=cfg.seed,
         )
-        addrs = servers.addrs
+        processes = start_hf_servers(
+            roll.n_servers, options, os.path.join(parts.output_dir, "logs")
+        )
     return RemoteSGLangEngine(
-        addrs,
-        roll.engine_options(RemoteEngineOptions),
-        weights_root=os.path.join(parts.output_dir, "rollout_weights"),
+        list(roll.server_addrs) if roll.server_addrs else None,
+        _remote_options(cfg, parts),
+        processes=processes,
         model_config=parts.model_config,
-        servers=servers,
+    )
+
+
+def _vllm_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
+    """The engine of ``cfg.rollout.vllm`` for trainer process ``parts.rank``: in process,
+    each process has its own engine (its own GPU share); servers are shared by all processes,
+    and rank 0 starts and drives them."""
+    roll, v = cfg.rollout, cfg.rollout.vllm
+    model_path = resolve_model_path(cfg.actor.path)
+    tok_path = resolve_model_path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path
+    max_len = v.max_model_len or cfg.train_dataset.max_prompt_length + cfg.gconfig.max_new_tokens
+    # the VLLMModelOptions both placements share (threads and GPU share are placement's own)
+    model: dict[str, Any] = {
+        "dtype": v.dtype or cfg.actor.dtype,
+        "max_model_len": max_len,
+        "seed": cfg.seed,
+        "kv_cache_gib": v.kv_cache_gib,
+    }
+    if roll.vllm_placement == "in_process":
+        from areal_m2po.rollout.engines.vllm.in_process import (
+            VLLMEngineOptions,
+            VLLMInProcessEngine,
+        )
+
+        options = VLLMEngineOptions(
+            **model,
+            num_threads=cfg.num_threads,
+            gpu_memory_utilization=v.gpu_memory_utilization or 0.3,
+            enable_sleep_mode=v.enable_sleep_mode,
+        )
+        return VLLMInProcessEngine(model_path, parts.tokenizer, tok_path, options)
+    from areal_m2po.rollout.engines.remote.vllm import RemoteVLLMEngine
+    from areal_m2po.rollout.engines.vllm.setup import cuda_available
+    from areal_m2po.rollout.servers.launch import VLLMServerOptions, start_vllm_servers
+
+    processes = None
+    if not roll.server_addrs and parts.rank == 0:
+        servers = VLLMServerOptions(
+            **model,
+            model_path=model_path,
+            tokenizer_path=tok_path,
+            num_threads=roll.server_threads,
+            gpu_memory_utilization=v.gpu_memory_utilization or 0.9,
+            python=v.python,
+            extra_args=tuple(v.server_args or ()),
+        )
+        log_dir = os.path.join(parts.output_dir, "logs")
+        processes = start_vllm_servers(roll.n_servers, servers, log_dir, cuda_available())
+    return RemoteVLLMEngine(
+        parts.tokenizer,
+        model_path,
+        _remote_options(cfg, parts),
+        addrs=list(roll.server_addrs) if roll.server_addrs else None,
+        processes=processes,
+        rank=parts.rank,
+        world=parts.world,
     )

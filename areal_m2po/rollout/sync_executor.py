@@ -64,8 +64,8 @@ class SyncRolloutExecutor(RolloutExecutor):
         per = len(records) // self.world
         return records[self.rank * per : (self.rank + 1) * per]
 
-    async def _episodes(self, records: list[dict[str, Any]]) -> list[TrajectoryGroup | None]:
-        return await gather_or_cancel(*(self._episode(r) for r in records))
+    async def _groups(self, records: list[dict[str, Any]]) -> list[TrajectoryGroup | None]:
+        return await gather_or_cancel(*(self._group(r) for r in records))
 
     def generate_batch(self) -> tuple[Batch, dict[str, float]]:
         """One fresh batch from the engine's current policy (this rank's share)."""
@@ -74,7 +74,7 @@ class SyncRolloutExecutor(RolloutExecutor):
         seed = self.seed * 1_000_003 + self.n_rollouts * 7919 + self.rank
         self.n_rollouts += 1
         torch.manual_seed(seed)
-        groups = self.run(self._episodes(self._local(records)))
+        groups = self.run(self._groups(self._local(records)))
         return self._build(groups, epoch, time.perf_counter() - t0)
 
     def prefill_needed(self) -> bool:

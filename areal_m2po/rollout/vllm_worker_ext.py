@@ -1,55 +1,7 @@
-"""A vLLM worker extension: reload the policy's weights from a directory, tied head included.
+"""The stable entry point users pass to vLLM servers, ``--worker-extension-cls
+areal_m2po.rollout.vllm_worker_ext.WeightReloadExtension`` (code:
+:mod:`areal_m2po.rollout.engines.vllm.worker_extension`)."""
 
-vLLM servers started by the trainer pass ``--worker-extension-cls
-areal_m2po.rollout.vllm_worker_ext.WeightReloadExtension``, which mixes these methods into
-every vLLM worker; the trainer calls them through the dev-mode ``/collective_rpc`` endpoint
-(``VLLM_SERVER_DEV_MODE=1``), as AReaL's vLLM server adds its ``/areal_update_weights``.
-
-This module is imported inside the vLLM worker process: it imports only the standard library,
-torch, safetensors and :mod:`areal_m2po.rollout.vllm_weights`.
-"""
-
-from __future__ import annotations
-
-import os
-from typing import Any
-
-from areal_m2po.rollout.vllm_weights import checkpoint_names, with_tied_head
+from areal_m2po.rollout.engines.vllm.worker_extension import WeightReloadExtension
 
 __all__ = ["WeightReloadExtension"]
-
-
-class WeightReloadExtension:
-    """Methods added to a vLLM worker (``self`` is the worker)."""
-
-    def areal_reload_weights(self, path: str) -> dict[str, Any]:
-        """Load every ``*.safetensors`` tensor under ``path`` into the model in place (with
-        ``lm_head.weight`` = the embedding for a tied model, which vLLM's CPU backend needs);
-        returns ``{"n_tensors": ...}``. Raises when the files lack a tensor of the served
-        model's checkpoint (vLLM itself only logs that)."""
-        from safetensors.torch import load_file
-
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors under {path}")
-        state: dict[str, Any] = {}
-        for file in files:
-            state.update(load_file(os.path.join(path, file)))
-        model_config: Any = getattr(self, "model_config", None)
-        hf_config = getattr(model_config, "hf_config", None)
-        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        expected = getattr(self, "_areal_names", None)
-        if expected is None:
-            expected = checkpoint_names(str(getattr(model_config, "model", "")))
-            self._areal_names = expected
-        missing = sorted(
-            n for n in expected if n not in state and not (tied and n == "lm_head.weight")
-        )
-        if missing:
-            raise ValueError(
-                f"{path}: no value for {len(missing)} tensors of the served model "
-                f"(e.g. {missing[0]!r})"
-            )
-        reload = self.reload_weights  # type: ignore[attr-defined]
-        reload(weights_iterator=with_tied_head(iter(state.items()), tied))
-        return {"n_tensors": len(state)}

@@ -493,7 +493,7 @@ def run(config: PPOConfig) -> int:
     trainer = build_or_report(RLTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
-    from areal_m2po.rollout.remote_engine import RolloutServerError
+    from areal_m2po.rollout.engines.remote.errors import RolloutServerError
 
     try:
         trainer.train()

@@ -7,12 +7,13 @@ import atexit
 import gc
 import logging
 import os
-import socket
 import sys
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+
+from areal_m2po.utils.net import free_port
 
 
 def is_distributed() -> bool:
@@ -184,13 +185,6 @@ def exit_skipping_finalization(status: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_launch_command(num_processes: int, port: int | None = None) -> list[str]:

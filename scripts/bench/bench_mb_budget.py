@@ -64,8 +64,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     from areal_m2po.api.config_loader import load_config
     from areal_m2po.dataset.arithmetic import make_arithmetic_split
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
     from areal_m2po.engine.train_engine import HFTrainEngine
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
     from areal_m2po.trainer.ppo.actor import PPOActor
 
     cfg = load_config(["--config", args.config, "actor.skip_zero_adv_seqs=false"])
@@ -73,7 +73,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     g = cfg.gconfig
     actor = PPOActor(cfg.actor, engine, g.n_samples, g.max_new_tokens)
     tok = AutoTokenizer.from_pretrained(resolve_model_path(cfg.actor.path))
-    rollout = RolloutEngine(engine.unwrapped, tok, torch.device("cpu"))
+    rollout = HFGenerator(engine.unwrapped, tok, torch.device("cpu"))
     rows = make_arithmetic_split("train", cfg.train_dataset.batch_size * (args.repeats + 2))
     prompts = [
         tok(

@@ -69,8 +69,8 @@ def _tensor_bytes(tensors: Any) -> int:
 
 
 def _rollout_model(trainer: Any) -> torch.nn.Module:
-    """The rollout engine's copy of the policy (HF engine: executor -> engine -> RolloutEngine)."""
-    for path in (("rollout", "engine", "rollout", "model"), ("rollout", "model")):
+    """The rollout engine's copy of the policy (HF engine: executor -> engine -> HFGenerator)."""
+    for path in (("rollout", "engine", "generator", "model"), ("rollout", "model")):
         obj = trainer
         for name in path:
             obj = getattr(obj, name, None)

@@ -93,15 +93,15 @@ def bench_engines(model_path: str, rounds: int, threads: int) -> dict[str, float
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from areal_m2po.rollout.hf_engine import HFInferenceEngine
-    from areal_m2po.rollout.vllm_engine import VLLMEngineOptions, VLLMInferenceEngine
+    from areal_m2po.rollout.engines.hf import HFInProcessEngine
+    from areal_m2po.rollout.engines.vllm.in_process import VLLMEngineOptions, VLLMInProcessEngine
 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     prompts = _prompts(tok, 8)
-    hf = HFInferenceEngine(model, tok, torch.device("cpu"))
-    vllm = VLLMInferenceEngine(
+    hf = HFInProcessEngine(model, tok, torch.device("cpu"))
+    vllm = VLLMInProcessEngine(
         model_path, tok, options=VLLMEngineOptions(max_model_len=512, num_threads=threads)
     )
     t0 = time.perf_counter()

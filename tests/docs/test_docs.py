@@ -245,3 +245,13 @@ def test_readme_train_commands_are_valid_configs(monkeypatch):
         load_config(args)
         checked += 1
     assert checked >= 5
+
+
+def test_rollout_doc_tree_names_every_rollout_module():
+    """docs/rollout.md's tree of rollout/ names every module there is, and no other."""
+    text = (DOCS / "rollout.md").read_text()
+    block = text.split("## Where the code is", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"\b(\w+\.py)\b", block)) - {"__init__.py"}
+    root = REPO / "areal_m2po" / "rollout"
+    files = {p.name for p in root.rglob("*.py") if p.name != "__init__.py"}
+    assert named == files

@@ -316,6 +316,7 @@ def test_custom_workflow_example_scores_and_drops_by_hand():
     from areal_m2po.api.engine_api import InferenceEngine, ModelResponse, SamplingParams
     from areal_m2po.api.workflow_api import WorkflowContext
     from areal_m2po.reward.runner import RewardRunner
+    from areal_m2po.rollout.executor import arun_group
     from areal_m2po.rollout.rewards import RewardSources
 
     class Tok:  # token t decodes to chr(t)
@@ -349,8 +350,8 @@ def test_custom_workflow_example_scores_and_drops_by_hand():
         wf = ex["FormatBonusWorkflow"](ctx, format_bonus=0.25)
         record = {"prompt_ids": [1], "prompt_text": "p", "answer": "7", "question": "q"}
         outs = [[ord("7"), 0], [ord("x"), 0], [ord("3"), ord("y"), 0]]
-        group = asyncio.run(wf.arun_episode(Scripted(outs), record))
+        group = asyncio.run(arun_group(wf, Scripted(outs), record, 3))
         assert group.rewards == [1.25, 0.0, 0.25]
         assert group.stats["workflow/format_hits"] == 2
-        same = asyncio.run(wf.arun_episode(Scripted([[ord("a"), 0]] * 3), record))
+        same = asyncio.run(arun_group(wf, Scripted([[ord("a"), 0]] * 3), record, 3))
         assert same is None  # identical completions: dropped

@@ -17,14 +17,14 @@ from scripted_engine import ScriptOnlyEngine
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.agent_workflow import AgentWorkflow
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-from areal_m2po.rollout.calculator import calculate
-from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.openai_proxy import AgentProxy
-from areal_m2po.rollout.openai_request import parse_tool_calls
+from areal_m2po.rollout.executor import RolloutSetup, arun_group
+from areal_m2po.rollout.openai.chat_request import parse_tool_calls
+from areal_m2po.rollout.openai.endpoint import AgentProxy
+from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
-from areal_m2po.utils.staleness import StalenessBudget
+from areal_m2po.rollout.workflows.agent.workflow import AgentWorkflow
+from areal_m2po.rollout.workflows.multi_turn.calculator import calculate
 
 TOOLS = [
     {
@@ -41,6 +41,12 @@ TOOLS = [
     }
 ]
 TEMPERATURE = 0.9
+
+
+def _run_group(workflow, engine, record):
+    """The group of ``record``: ``gconfig.n_samples`` episodes, as the executor runs them."""
+    n = workflow.context.gconfig.n_samples
+    return asyncio.run(arun_group(workflow, engine, record, n))
 
 
 def _context(tokenizer: Any, n_samples: int = 1, max_new_tokens: int = 6) -> WorkflowContext:
@@ -74,13 +80,14 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     workflow = AgentWorkflow(_context(tokenizer), agent=two_call_agent)
     record: dict[str, Any] = {"question": "What is 37 * 45?", "answer": "1665", "replies": []}
     try:
-        group = asyncio.run(workflow.arun_episode(engine, record))
+        group = _run_group(workflow, engine, record)
     finally:
         workflow.close()
     assert group is not None and len(group) == 1
     assert group.stats == {"agent/episodes": 1.0, "agent/calls": 2.0, "agent/untrained_calls": 0.0}
     traj = group.trajectories[0]
     (req1, out1), (req2, out2) = engine.calls
+    assert req1.rid == req2.rid  # a session's calls go under one request id
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": record["question"]}],
         add_generation_prompt=True,
@@ -102,7 +109,7 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
     assert traj.versions[p2:] == [1] * len(out2.output_ids)
     for version in (0, 1):
         reference = forward_logprobs(
-            engine.rollout.model, engine.weights[version], traj.input_ids, TEMPERATURE
+            engine.generator.model, engine.weights[version], traj.input_ids, TEMPERATURE
         )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(
@@ -162,7 +169,7 @@ def test_tool_call_is_parsed_and_the_conversation_stays_one_trajectory() -> None
     engine = ScriptedEngine(tokenizer, [CALL_TEXT + "<|im_end|>", "1665<|im_end|>"])
     workflow = AgentWorkflow(_context(tokenizer, max_new_tokens=120), agent=tool_using_agent)
     try:
-        group = asyncio.run(workflow.arun_episode(engine, {"question": "37*45?", "answer": "1665"}))
+        group = _run_group(workflow, engine, {"question": "37*45?", "answer": "1665"})
     finally:
         workflow.close()
     assert group is not None
@@ -204,7 +211,7 @@ def test_calls_off_the_last_conversation_are_counted_as_untrained() -> None:
     engine = VersionedTinyEngine(model, tokenizer)
     workflow = AgentWorkflow(_context(tokenizer, n_samples=2), agent=branching_agent)
     try:
-        group = asyncio.run(workflow.arun_episode(engine, {"question": "q", "answer": "1"}))
+        group = _run_group(workflow, engine, {"question": "q", "answer": "1"})
     finally:
         workflow.close()
     assert group is not None and len(group) == 2
@@ -353,7 +360,7 @@ def test_an_engine_failure_reaches_the_agent_and_stops_the_episode_in_one_line()
     workflow = AgentWorkflow(_context(tokenizer), agent=tool_using_agent)
     try:
         with pytest.raises(RuntimeError) as caught:
-            asyncio.run(workflow.arun_episode(engine, {"question": "37*45?", "answer": "1665"}))
+            _run_group(workflow, engine, {"question": "37*45?", "answer": "1665"})
     finally:
         workflow.close()
     message = str(caught.value)
@@ -373,7 +380,7 @@ def test_the_documented_calculator_agent_uses_its_tool_and_is_rewarded() -> None
     workflow = AgentWorkflow(_context(tokenizer, max_new_tokens=40), agent=agent)
     record = {"question": "What is 347 * 58?", "answer": "20126"}
     try:
-        group = asyncio.run(workflow.arun_episode(engine, record))
+        group = _run_group(workflow, engine, record)
     finally:
         workflow.close()
     assert group is not None
@@ -431,7 +438,7 @@ def test_executor_close_stops_the_agent_endpoint(mode: str) -> None:
         budget = StalenessBudget(1, 1, 0, 1)
         setup = RolloutSetup(engine, workflow, context, 2)
         executor = AsyncRolloutExecutor(setup, budget, _loader_of(record).next_batch)
-        executor.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
+        executor.start(lambda: iter(engine.generator.model.state_dict().items()), 0)
         executor.next_batch()
     thread, port = workflow.proxy._thread, workflow.proxy.port
     assert thread is not None and thread.is_alive() and not _port_is_free(port)

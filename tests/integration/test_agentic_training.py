@@ -15,12 +15,12 @@ from areal_m2po.api.config_loader import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 MULTI_TURN = [
-    "rollout.workflow=areal_m2po.rollout.multi_turn:MultiTurnWorkflow",
+    "rollout.workflow=areal_m2po.rollout.workflows.multi_turn.workflow:MultiTurnWorkflow",
     # digit_fraction > 0 counts as right: a random model gets both retries and successes
     "rollout.workflow_kwargs={environment: retry, max_turns: 3, turn_discount: 0.5}",
 ]
 AGENT = [
-    "rollout.workflow=areal_m2po.rollout.agent_workflow:AgentWorkflow",
+    "rollout.workflow=areal_m2po.rollout.workflows.agent.workflow:AgentWorkflow",
     "rollout.workflow_kwargs={agent: 'toy_agents:two_turn_agent'}",
 ]
 

@@ -13,6 +13,7 @@ from procs import process_table, read_metrics, spawn_train, tiny_train_args
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.servers.launch import HFServerOptions, start_hf_servers
 
 
 def _server_pids(parent_pid: int) -> list[int]:
@@ -85,9 +86,7 @@ def test_async_training_run(tmp_path, n_servers):
 
 
 def test_killed_server_gives_one_line_error(tmp_path):
-    from areal_m2po.engine.server_launcher import ServerProcesses
-
-    servers = ServerProcesses(1, "builtin:tiny", None, "float32", "sdpa", 1, str(tmp_path))
+    servers = start_hf_servers(1, HFServerOptions("builtin:tiny", num_threads=1), str(tmp_path))
     try:
         addr = servers.addrs[0]
         run_dir = str(tmp_path / "run")
@@ -167,14 +166,11 @@ def test_resume_restarts_generation_at_the_checkpoint_version(tmp_path):
 def test_hung_server_is_detected_by_health_checks(tmp_path):
     """A server that stops answering (SIGSTOP) is declared dead by the /health probes long
     before its request would time out, with one line naming it."""
-    from areal_m2po.engine.server_launcher import ServerProcesses
-    from areal_m2po.rollout.remote_engine import (
-        RemoteEngineOptions,
-        RemoteSGLangEngine,
-        RolloutServerError,
-    )
+    from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+    from areal_m2po.rollout.engines.remote.errors import RolloutServerError
+    from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
 
-    servers = ServerProcesses(1, "builtin:tiny", None, "float32", "sdpa", 1, str(tmp_path))
+    servers = start_hf_servers(1, HFServerOptions("builtin:tiny", num_threads=1), str(tmp_path))
     addr, pid = servers.addrs[0], servers.procs[0].pid
     remote = None
     try:
@@ -200,7 +196,7 @@ def test_hung_server_is_detected_by_health_checks(tmp_path):
         request = ModelRequest([5, 6], SamplingParams(max_new_tokens=4))
         with pytest.raises(RolloutServerError) as info:
             asyncio.run(engine.agenerate(request))
-        assert str(info.value) == f"rollout server {addr} did not answer /health within 1s"
+        assert str(info.value) == f"rollout server {addr}: did not answer /health within 1s"
         with pytest.raises(RolloutServerError):  # and it stays failed
             engine.check_health()
     finally:

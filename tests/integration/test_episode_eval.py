@@ -15,9 +15,9 @@ from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
-from areal_m2po.rollout.multi_turn_eval import evaluate_multi_turn
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
+from areal_m2po.rollout.workflows.multi_turn.evaluation import evaluate_multi_turn
+from areal_m2po.rollout.workflows.multi_turn.workflow import MultiTurnWorkflow
 
 # question -> (first reply, reply after the tool's result or None)
 SCRIPT = {

@@ -259,7 +259,7 @@ def test_ppo_with_lora_runs_and_resumes_exactly(tmp_path):
     trainer = RLTrainer(straight)
     try:
         assert type(trainer.ref_engine).__name__ == "LoRABaseReference"
-        assert type(trainer.rollout.engine.rollout.model).__name__ == "LlamaForCausalLM"
+        assert type(trainer.rollout.engine.generator.model).__name__ == "LlamaForCausalLM"
         trainer.train()
     finally:
         trainer.close()

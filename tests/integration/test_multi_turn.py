@@ -12,15 +12,22 @@ from agentic_helpers import VersionedTinyEngine, forward_logprobs, tiny_model_an
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
-from areal_m2po.rollout.chat_turns import TurnAppender
-from areal_m2po.rollout.episode import Generated, cut_at_stop
-from areal_m2po.rollout.multi_turn import MultiTurnWorkflow
-from areal_m2po.rollout.tool_env import RetryEnvironment
+from areal_m2po.rollout.executor import arun_group
+from areal_m2po.rollout.workflows.multi_turn.chat_turns import TurnAppender
+from areal_m2po.rollout.workflows.multi_turn.episode import Generated, cut_at_stop
+from areal_m2po.rollout.workflows.multi_turn.tool_env import RetryEnvironment
+from areal_m2po.rollout.workflows.multi_turn.workflow import MultiTurnWorkflow
 from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
 RETRY_TURN = (
     "<|im_start|>user\n" + RetryEnvironment.retry_message + "<|im_end|>\n<|im_start|>assistant\n"
 )
+
+
+def _run_group(workflow, engine, record):
+    """The group of ``record``: ``gconfig.n_samples`` episodes, as the executor runs them."""
+    n = workflow.context.gconfig.n_samples
+    return asyncio.run(arun_group(workflow, engine, record, n))
 
 
 def _context(tokenizer, gconfig: GenerationConfig) -> WorkflowContext:
@@ -131,7 +138,7 @@ def _check_episode(traj, engine, calls, tokenizer, temperature: float) -> None:
     # every behaviour log-prob equals a forward pass of the version that produced the token
     for version in sorted(set(traj.versions) - {-1}):
         reference = forward_logprobs(
-            engine.rollout.model, engine.weights[version], ids, temperature
+            engine.generator.model, engine.weights[version], ids, temperature
         )
         at = [t for t, v in enumerate(traj.versions) if v == version]
         assert torch.tensor([traj.logprobs[t] for t in at]) == pytest.approx(
@@ -150,9 +157,10 @@ def test_random_retry_episodes_are_token_exact_across_weight_versions() -> None:
         # an answer no random model writes: every episode runs all three turns
         record = _record(tokenizer, f"What is {rng.randint(10, 99)} + 1?", "9876543210123")
         before = len(engine.calls)
-        group = asyncio.run(workflow.arun_episode(engine, record))
+        group = _run_group(workflow, engine, record)
         assert group is not None and len(group) == 2
         calls = engine.calls[before:]
+        rids = set()
         for traj in group.trajectories:
             mine = [c for c in calls if c[0].input_ids == traj.input_ids[: len(c[0].input_ids)]]
             mine = [
@@ -161,10 +169,14 @@ def test_random_retry_episodes_are_token_exact_across_weight_versions() -> None:
                 if traj.input_ids[len(c[0].input_ids) :][: len(c[1].output_ids)] == c[1].output_ids
             ]
             assert len(mine) == traj.info["turns"] == 3
+            # an episode's turns go under one request id (one server of a remote engine)
+            assert len({c[0].rid for c in mine}) == 1
+            rids.add(mine[0][0].rid)
             _check_episode(traj, engine, mine, tokenizer, 0.8)
             assert traj.reward == 0.0 and traj.info["tool_calls"] == 0
             n_checked += 1
         assert group.stats["multi_turn/turns"] == 6 and group.stats["multi_turn/episodes"] == 2
+        assert len(rids) == 2  # one id per episode
     assert n_checked == 6
     assert len(engine.weights) >= 5  # the episodes' turns came from several versions
 

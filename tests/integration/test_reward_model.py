@@ -510,7 +510,7 @@ def test_ppo_loop_scores_equal_a_direct_forward_of_the_saved_model(tmp_path, tra
     finally:
         trainer.close()
     # one reward-model call per group (groups score concurrently: put them in batch order)
-    decoded = trainer.rollout.engine.rollout.decode_completions(batch)
+    decoded = trainer.rollout.engine.generator.decode_completions(batch)
     n = trainer.config.gconfig.n_samples
     order = [decoded[g : g + n] for g in range(0, len(decoded), n)]
     seen.sort(key=lambda s: order.index(s[1]))

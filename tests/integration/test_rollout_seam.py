@@ -28,18 +28,18 @@ from toy_rewards import digit_fraction
 from areal_m2po.api.cli_args import ConfigError, DatasetConfig, GenerationConfig, RewardModelConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
-from areal_m2po.api.workflow_api import WorkflowContext
+from areal_m2po.api.workflow_api import TrajectoryGroup, WorkflowContext
 from areal_m2po.reward.runner import RewardRunner
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-from areal_m2po.rollout.batch import groups_to_batch
-from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.hf_engine import HFInferenceEngine, plan_calls
-from areal_m2po.rollout.remote_engine import RolloutServerError
+from areal_m2po.rollout.batch_builder import groups_to_batch
+from areal_m2po.rollout.engines.hf import HFInProcessEngine, plan_calls
+from areal_m2po.rollout.engines.remote.errors import RolloutServerError, ServerError
+from areal_m2po.rollout.executor import RolloutSetup, arun_group
 from areal_m2po.rollout.rewards import RewardSources
-from areal_m2po.rollout.rlvr import RLVRWorkflow
+from areal_m2po.rollout.staleness import StalenessBudget
 from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
 from areal_m2po.rollout.workflows import build_workflow
-from areal_m2po.utils.staleness import StalenessBudget
+from areal_m2po.rollout.workflows.rlvr import RLVRWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def _async(engine, workflow, ctx, records):
     budget = StalenessBudget(len(records), N, 0, len(records) * N)
     setup = RolloutSetup(engine, workflow, ctx, engine.pad_id)
     ex = AsyncRolloutExecutor(setup, budget, _Loader(records).next_batch)
-    ex.start(lambda: iter(engine.rollout.model.state_dict().items()), 0)
+    ex.start(lambda: iter(engine.generator.model.state_dict().items()), 0)
     return ex
 
 
@@ -110,22 +110,22 @@ def test_plan_calls_by_hand():
 
 def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
     """B RLVR episodes of n requests each are sampled in one shared-prefill call: the batch
-    equals what ``RolloutEngine.generate`` (the trainer's call before workflows) returns."""
+    equals what ``HFGenerator.generate`` (the trainer's call before workflows) returns."""
     model, tok, records = tiny
-    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
-    direct = engine.rollout.generate([r["prompt_ids"] for r in records], GCONFIG, seed=11)
+    engine = HFInProcessEngine(model, tok, torch.device("cpu"))
+    direct = engine.generator.generate([r["prompt_ids"] for r in records], GCONFIG, seed=11)
     calls = []
-    real = engine.rollout.generate
+    real = engine.generator.generate
 
     def counting(prompts, *args, **kwargs):
         calls.append(len(prompts))
         return real(prompts, *args, **kwargs)
 
-    engine.rollout.generate = counting
+    engine.generator.generate = counting
     workflow = RLVRWorkflow(_context(tok, engine.eos_ids, _verifiable()))
 
     async def batch():
-        return await asyncio.gather(*(workflow.arun_episode(engine, dict(r)) for r in records))
+        return await asyncio.gather(*(arun_group(workflow, engine, dict(r), N) for r in records))
 
     torch.manual_seed(11)
     groups = asyncio.run(batch())
@@ -133,15 +133,15 @@ def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
     built = groups_to_batch(groups, engine.pad_id)
     for key in ("input_ids", "attention_mask", "loss_mask", "behave_logp", "versions", "no_eos"):
         assert torch.equal(built[key], direct[key]), key
-    texts = engine.rollout.decode_completions(direct)
+    texts = engine.generator.decode_completions(direct)
     assert built["rewards"].tolist() == pytest.approx([digit_fraction("", t, "") for t in texts])
 
 
 def test_hf_engine_versions_weights_from_disk_and_greedy(tiny, tmp_path):
-    from areal_m2po.engine.weight_files import write_weights
+    from areal_m2po.rollout.servers.weight_files import write_weights
 
     model, tok, records = tiny
-    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tok, torch.device("cpu"))
     prompt = records[0]["prompt_ids"]
     greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
 
@@ -196,7 +196,7 @@ def test_custom_workflow_and_reward_sources_score_alike_in_sync_and_async_mode(t
     reward = RewardSources(RewardRunner(digit_fraction, 30, 2), learned)
     results = {}
     for mode in ("sync", "async"):
-        engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+        engine = HFInProcessEngine(model, tok, torch.device("cpu"))
         ctx = _context(tok, engine.eos_ids, reward)
         workflow = example["FormatBonusWorkflow"](ctx, format_bonus=0.25)
         ex = (_sync if mode == "sync" else _async)(engine, workflow, ctx, records)
@@ -204,7 +204,7 @@ def test_custom_workflow_and_reward_sources_score_alike_in_sync_and_async_mode(t
             batch, info = ex.next_batch()
         finally:
             ex.close()
-        texts = engine.rollout.decode_completions(batch)
+        texts = engine.generator.decode_completions(batch)
         questions = [r["question"] for r in records for _ in range(N)]
         expected = [
             _rm_reference(learned, q, t) + 0.5 * digit_fraction("", t, "")
@@ -229,7 +229,7 @@ class _DropFlagged(RLVRWorkflow):
 def test_a_workflow_returning_none_drops_its_group(tiny, mode):
     model, tok, records = tiny
     flagged = [dict(r, drop=i in (1, 2)) for i, r in enumerate(records)]
-    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tok, torch.device("cpu"))
     ctx = _context(tok, engine.eos_ids, _verifiable())
     ex = (_sync if mode == "sync" else _async)(engine, _DropFlagged(ctx), ctx, flagged)
     try:
@@ -246,7 +246,7 @@ def test_a_workflow_returning_none_drops_its_group(tiny, mode):
 
 def test_every_group_dropped_is_one_clear_error(tiny):
     model, tok, records = tiny
-    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tok, torch.device("cpu"))
     ctx = _context(tok, engine.eos_ids, _verifiable())
     ex = _sync(engine, _DropFlagged(ctx), ctx, [dict(r, drop=True) for r in records])
     with pytest.raises(RuntimeError, match=r"rollout.workflow rlvr: every group of a batch"):
@@ -257,7 +257,7 @@ def test_workflow_config_errors_name_the_key(tiny):
     _, tok, _ = tiny
     ctx = _context(tok, [0], _verifiable())
     with pytest.raises(ConfigError, match=r"rollout.workflow.*no attribute"):
-        build_workflow("areal_m2po.rollout.rlvr:Nope", None, ctx)
+        build_workflow("areal_m2po.rollout.workflows.rlvr:Nope", None, ctx)
     with pytest.raises(ConfigError, match=r"rollout.workflow_kwargs.*colour"):
         build_workflow("rlvr", {"colour": "red"}, ctx)
     with pytest.raises(ConfigError, match=r"rollout.workflow.*not an.*RolloutWorkflow"):
@@ -266,15 +266,31 @@ def test_workflow_config_errors_name_the_key(tiny):
         load_config(["rollout.workflow=nodots"])
     with pytest.raises(ConfigError, match="rollout.workflow_kwargs"):
         load_config(["rollout.workflow_kwargs=[1, 2]"])
-    assert build_workflow("rlvr", {"n_samples": 2}, ctx).n_samples == 2
+    # the executor owns the group's fan-out: no workflow takes a sample count
+    with pytest.raises(ConfigError, match=r"rollout.workflow_kwargs.*n_samples"):
+        build_workflow("rlvr", {"n_samples": 2}, ctx)
 
 
-def test_a_group_of_the_wrong_size_is_refused(tiny):
+class _Shrinking(RLVRWorkflow):
+    async def afinish_group(self, record, trajectories):
+        return await super().afinish_group(record, trajectories[:3])
+
+
+class _NotATrajectory(RLVRWorkflow):
+    async def arun_episode(self, engine, record):
+        return TrajectoryGroup([await super().arun_episode(engine, record)])
+
+
+def test_a_group_of_the_wrong_size_or_an_episode_of_the_wrong_type_is_refused(tiny):
     model, tok, records = tiny
-    engine = HFInferenceEngine(model, tok, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tok, torch.device("cpu"))
     ctx = _context(tok, engine.eos_ids, _verifiable())
-    ex = _sync(engine, RLVRWorkflow(ctx, n_samples=3), ctx, records)
+    ex = _sync(engine, _Shrinking(ctx), ctx, records)
     with pytest.raises(ValueError, match=r"rollout.workflow rlvr: a group holds 3 .* is 4"):
+        ex.next_batch()
+    ex = _sync(engine, _NotATrajectory(ctx), ctx, records)
+    with pytest.raises(TypeError, match=r"rollout.workflow rlvr: arun_episode returned "
+                       "TrajectoryGroup, not a Trajectory or None"):  # fmt: skip
         ex.next_batch()
 
 
@@ -464,7 +480,7 @@ class _DyingServer(ScriptOnlyEngine):
             await asyncio.Event().wait()
         for _ in range(1 + (self.delay if k else 0)):
             await asyncio.sleep(0)
-        raise RolloutServerError(f"rollout server 127.0.0.1:1: request {k} refused")
+        raise ServerError("127.0.0.1:1", f"request {k} refused")
 
 
 def test_a_dead_server_leaves_no_task_behind_in_sync_mode(tiny, caplog):

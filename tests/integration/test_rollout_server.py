@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import time
 
 import httpx
 import pytest
 import torch
 
-from areal_m2po.api.engine_api import SamplingParams
-from areal_m2po.engine.sglang_client import Sample, ServerError, SGLangClient
-from areal_m2po.engine.weight_files import read_weights, write_weights
-from areal_m2po.rollout.remote_engine import sglang_params
+from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine, sglang_params
+from areal_m2po.rollout.servers.weight_files import read_weights, write_weights
 
 SGLANG = {
     # GenerateReqInput fields (a subset: the ones a text-only RL client can send)
@@ -68,10 +67,10 @@ SGLANG = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from areal_m2po.engine.server_launcher import ServerProcesses
+    from areal_m2po.rollout.servers.launch import HFServerOptions, start_hf_servers
 
     logs = tmp_path_factory.mktemp("logs")
-    procs = ServerProcesses(1, "builtin:tiny", None, "float32", "sdpa", 1, str(logs))
+    procs = start_hf_servers(1, HFServerOptions("builtin:tiny", num_threads=1), str(logs))
     addr = procs.addrs[0]
     deadline = time.monotonic() + 120
     while True:
@@ -195,84 +194,35 @@ def test_logprobs_and_versions_match_a_forward_of_their_version(server, tmp_path
     loaded, stamp = read_weights(path)
     assert stamp == 1 and torch.equal(loaded["lm_head.weight"], state1["lm_head.weight"])
     prompt = [3, 9, 14, 15, 22]
-    params = {"temperature": temperature, "top_p": 1.0, "top_k": -1}
-
-    async def run():
-        client = SGLangClient(request_timeout=60, health_timeout=5)
-        try:
-            assert await client.health(server)
-            await client.update_weights(server, str(tmp_path / "w" / "v0"), 0)
-            sample = await client.generate(server, Sample(prompt), params, 3)
-            sample.finish = "abort"  # as if cut short by the weight update below
-            await client.update_weights(server, path, 1)
-            return await client.generate(server, sample, params, 12)
-        finally:
-            await client.aclose()
-
     write_weights(model0.state_dict(), str(tmp_path / "w"), 0, model0.config)
-    sample = asyncio.run(run())
+    engine = RemoteSGLangEngine([server], RemoteEngineOptions(health_check_interval=60))
+    engine.initialize()
+
+    def generate(ids, n):
+        request = ModelRequest(ids, SamplingParams(max_new_tokens=n, temperature=temperature))
+        return asyncio.run(engine.agenerate(request))
+
+    try:
+        engine.update_weights_from_disk(str(tmp_path / "w" / "v0"), 0)
+        first = generate(prompt, 3)
+        engine.update_weights_from_disk(path, 1)  # then continue the sample on version 1
+        rest = generate(prompt + first.output_ids, 9)
+    finally:
+        engine.destroy()
+    output_ids = first.output_ids + rest.output_ids
+    versions = first.output_versions + rest.output_versions
     n0 = 3
-    assert sample.versions[:n0] == [0] * n0 and set(sample.versions[n0:]) <= {1}
-    assert len(sample.output_ids) > n0
-    ids = torch.tensor([prompt + sample.output_ids])
-    got = torch.tensor(sample.logprobs)
+    assert versions[:n0] == [0] * n0 and set(versions[n0:]) <= {1}
+    assert len(output_ids) > n0
+    ids = torch.tensor([prompt + output_ids])
+    got = torch.tensor(first.output_logprobs + rest.output_logprobs)
     for version, model in ((0, model0), (1, model1.eval())):
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
         ref = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-        mine = torch.tensor(sample.versions) == version
+        mine = torch.tensor(versions) == version
         assert mine.any()
         torch.testing.assert_close(got[mine], ref[mine], atol=1e-4, rtol=0)
-
-
-def test_client_continues_an_aborted_request():
-    """After an ``abort`` finish the client resends prompt + tokens so far, with the remaining
-    budget, and stamps each chunk with the weight version the server reported."""
-    seen = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        seen.append(body)
-        if len(seen) == 1:
-            meta = {"finish_reason": {"type": "abort"}, "weight_version": "3"}
-            meta["output_token_logprobs"] = [[-0.5, 11, None], [-0.25, 12, None]]
-        else:
-            meta = {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "4"}
-            meta["output_token_logprobs"] = [[-1.0, 2, None]]
-        return httpx.Response(200, json={"text": "", "meta_info": meta})
-
-    async def run():
-        client = SGLangClient(request_timeout=5, health_timeout=5)
-        client._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-        try:
-            return await client.generate("h:1", Sample([7, 8]), {"temperature": 1.0}, 6)
-        finally:
-            await client.aclose()
-
-    sample = asyncio.run(run())
-    assert seen[0]["input_ids"] == [7, 8] and seen[0]["sampling_params"]["max_new_tokens"] == 6
-    assert seen[1]["input_ids"] == [7, 8, 11, 12]
-    assert seen[1]["sampling_params"]["max_new_tokens"] == 4
-    assert sample.output_ids == [11, 12, 2] and sample.versions == [3, 3, 4]
-    assert sample.logprobs == [-0.5, -0.25, -1.0] and sample.finish == "stop"
-
-
-def test_client_rejects_a_reply_without_integer_version():
-    def handler(request):
-        meta = {"finish_reason": {"type": "stop"}, "weight_version": "default"}
-        meta["output_token_logprobs"] = [[-1.0, 2, None]]
-        return httpx.Response(200, json={"meta_info": meta})
-
-    async def run():
-        client = SGLangClient(request_timeout=5, health_timeout=5)
-        client._http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-        try:
-            await client.generate("h:1", Sample([7]), {}, 2)
-        finally:
-            await client.aclose()
-
-    with pytest.raises(ServerError, match=r"rollout server h:1: meta_info.weight_version"):
-        asyncio.run(run())
 
 
 def test_interrupted_batch_returns_partial_tokens_with_abort():
@@ -281,11 +231,11 @@ def test_interrupted_batch_returns_partial_tokens_with_abort():
     from transformers import AutoTokenizer
 
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
-    from areal_m2po.engine.rollout_server import GenerationWorker, parse_generate_request
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
+    from areal_m2po.rollout.servers.hf_server import GenerationWorker, parse_generate_request
 
     local = resolve_model_path("builtin:tiny")
-    engine = RolloutEngine(_load(local), AutoTokenizer.from_pretrained(local), torch.device("cpu"))
+    engine = HFGenerator(_load(local), AutoTokenizer.from_pretrained(local), torch.device("cpu"))
     worker = GenerationWorker(engine)
     try:
         worker._interrupt.set()  # the state while a weight update with abort_all is pending

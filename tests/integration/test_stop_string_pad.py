@@ -10,8 +10,8 @@ from agentic_helpers import tiny_model_and_tokenizer
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
-from areal_m2po.engine.rollout import RolloutEngine
-from areal_m2po.rollout.hf_engine import HFInferenceEngine
+from areal_m2po.rollout.engines.hf import HFInProcessEngine
+from areal_m2po.rollout.engines.hf_generator import HFGenerator
 
 STOP = ["4", "7", "K", "q"]  # characters of no special token's text
 
@@ -26,7 +26,7 @@ def _rows(batch: dict[str, torch.Tensor]) -> list[list[int]]:
 def test_fill_after_stop_string_is_not_a_generated_eos() -> None:
     model, tokenizer = tiny_model_and_tokenizer(0)
     assert tokenizer.pad_token_id == tokenizer.eos_token_id  # the case under test
-    engine = RolloutEngine(model, tokenizer, torch.device("cpu"))
+    engine = HFGenerator(model, tokenizer, torch.device("cpu"))
     g = GenerationConfig(n_samples=64, max_new_tokens=10, temperature=1.0, stop=STOP)
     prompt = tokenizer("hello")["input_ids"]
     batch = engine.generate([prompt], g, seed=0)
@@ -48,7 +48,7 @@ def test_fill_after_stop_string_is_not_a_generated_eos() -> None:
 
 def test_engine_response_after_stop_string_has_no_eos() -> None:
     model, tokenizer = tiny_model_and_tokenizer(0)
-    engine = HFInferenceEngine(model, tokenizer, torch.device("cpu"))
+    engine = HFInProcessEngine(model, tokenizer, torch.device("cpu"))
     sampling = SamplingParams(max_new_tokens=10, stop=tuple(STOP))
 
     async def run() -> list:

@@ -131,8 +131,8 @@ def test_trainer_state_dict_roundtrip(tmp_path):
         assert b.rollout.engine.get_version() == 1
         for (k, va), (_, vb) in zip(a.actor_engine.full_tensors(), b.actor_engine.full_tensors()):
             assert torch.equal(va, vb), k
-        for k, v in b.rollout.engine.rollout.model.state_dict().items():
-            assert torch.equal(v, a.rollout.engine.rollout.model.state_dict()[k]), k
+        for k, v in b.rollout.engine.generator.model.state_dict().items():
+            assert torch.equal(v, a.rollout.engine.generator.model.state_dict()[k]), k
         ((batch, info),) = b.queue
         ((batch_a, info_a),) = state["rank"]["queue"]
         assert info == info_a and all(torch.equal(batch[k], batch_a[k]) for k in batch_a)
@@ -147,17 +147,17 @@ def test_trainer_state_dict_roundtrip(tmp_path):
 
 
 def test_rollout_state_saves_weights_only_when_they_differ(tmp_path):
-    """``RolloutEngine.state_dict`` leaves the weights out when they equal the policy's at the
+    """``HFGenerator.state_dict`` leaves the weights out when they equal the policy's at the
     same version, and keeps them otherwise (e.g. behind by one version)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from areal_m2po.engine.builtin_models import resolve_model_path
-    from areal_m2po.engine.rollout import RolloutEngine
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
 
     path = resolve_model_path("builtin:tiny")
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
-    engine = RolloutEngine(model, tok, torch.device("cpu"))
+    engine = HFGenerator(model, tok, torch.device("cpu"))
     policy = dict(model.state_dict())
     assert engine.state_dict(iter(policy.items()), 0)["weights"] is None
     assert engine.state_dict(iter(policy.items()), 1)["weights"] is not None  # another version

@@ -10,7 +10,7 @@ import torch
 
 from areal_m2po.api.engine_api import ModelRequest, ModelResponse
 from areal_m2po.engine.builtin_models import build_tiny_llama
-from areal_m2po.rollout.hf_engine import HFInferenceEngine
+from areal_m2po.rollout.engines.hf import HFInProcessEngine
 from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
 
@@ -22,7 +22,7 @@ def tiny_model_and_tokenizer(seed: int = 0) -> tuple[torch.nn.Module, Any]:
     return model.eval(), tokenizer
 
 
-class VersionedTinyEngine(HFInferenceEngine):
+class VersionedTinyEngine(HFInProcessEngine):
     """The in-process HF engine (concurrent requests batched into one ``generate`` call,
     left-padded), recording every (request, response) pair in ``calls``.
 
@@ -34,7 +34,7 @@ class VersionedTinyEngine(HFInferenceEngine):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, bump_every: int | None = None):
         super().__init__(model, tokenizer, torch.device("cpu"))
         self.bump_every = bump_every
-        self.weights = {0: copy.deepcopy(self.rollout.model.state_dict())}
+        self.weights = {0: copy.deepcopy(self.generator.model.state_dict())}
         self.calls: list[tuple[ModelRequest, ModelResponse]] = []
 
     async def agenerate(self, request: ModelRequest) -> ModelResponse:
@@ -48,11 +48,11 @@ class VersionedTinyEngine(HFInferenceEngine):
         generator = torch.Generator().manual_seed(len(self.weights))
         new = {
             k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
-            for k, v in self.rollout.model.state_dict().items()
+            for k, v in self.generator.model.state_dict().items()
         }
-        version = self.rollout.version + 1
+        version = self.generator.version + 1
         self.update_weights_from_tensors(new, version)
-        self.weights[version] = copy.deepcopy(self.rollout.model.state_dict())
+        self.weights[version] = copy.deepcopy(self.generator.model.state_dict())
 
 
 def forward_logprobs(

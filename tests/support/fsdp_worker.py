@@ -60,7 +60,7 @@ def main(out_path: str, output_dir: str) -> None:
         assert all(k in stats for k in ("actor/loss", "critic/value_loss")), sorted(stats)
         gathered = trainer.actor_engine.state_dict_for_sync()
         record["weights"].append(
-            _max_diff(trainer.rollout.engine.rollout.model.state_dict(), gathered)
+            _max_diff(trainer.rollout.engine.generator.model.state_dict(), gathered)
         )
         fresh, _ = trainer.rollout.generate_batch()
         logp, _ = trainer.actor_engine.forward_tokens(fresh, cfg.actor.temperature)

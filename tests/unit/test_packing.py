@@ -208,7 +208,7 @@ def test_shared_prefill_generation_equals_plain_generate(temperature: float) -> 
     """Prompts encoded once then the cache repeated: same tokens and per-step logits."""
     from transformers import GenerationConfig
 
-    from areal_m2po.engine.prefill import generate_shared_prefill
+    from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 
     model = _tiny_llama(vocab=97)
     p, length, n = 3, 7, 4

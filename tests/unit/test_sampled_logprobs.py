@@ -11,14 +11,14 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.engine.builtin_models import build_tiny_llama
-from areal_m2po.engine.rollout import RolloutEngine
-from areal_m2po.engine.sampled_logprobs import SampledLogprobRecorder
+from areal_m2po.rollout.engines.hf_generator import HFGenerator
+from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 
 QUESTIONS = ["What is 12 + 34?", "Hi", "What is 99 + 10? Reply with only the number."]
 
 
 @pytest.fixture(scope="module")
-def tiny() -> tuple[RolloutEngine, object]:
+def tiny() -> tuple[HFGenerator, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from areal_m2po.engine.builtin_models import resolve_model_path
@@ -26,7 +26,7 @@ def tiny() -> tuple[RolloutEngine, object]:
     path = resolve_model_path("builtin:tiny")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return RolloutEngine(model, tok, torch.device("cpu")), tok
+    return HFGenerator(model, tok, torch.device("cpu")), tok
 
 
 def _prompts(tok, questions=QUESTIONS) -> list[list[int]]:
@@ -104,7 +104,7 @@ def test_generation_keeps_one_step_of_logits() -> None:
 
     vocab, rows, steps = 20000, 16, 64
     model = build_tiny_llama(vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
-    engine = RolloutEngine(model, build_tiny_tokenizer(), torch.device("cpu"))
+    engine = HFGenerator(model, build_tiny_tokenizer(), torch.device("cpu"))
     engine.eos_ids, engine.pad_id = [vocab - 1], vocab - 1  # a token the random model rarely picks
     g = GenerationConfig(n_samples=rows // 4, max_new_tokens=steps, min_new_tokens=steps)
     prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]

@@ -1,4 +1,4 @@
-"""AReaL's capacity rule (utils/staleness.py) and the async executor that applies it.
+"""AReaL's capacity rule (rollout/staleness.py) and the async executor that applies it.
 
 The property test drives the real :class:`AsyncRolloutExecutor` and
 :class:`RemoteSGLangEngine` (the HTTP client replaced by fake servers) with
@@ -26,16 +26,13 @@ from areal_m2po.api.workflow_api import (
     TrajectoryGroup,
     WorkflowContext,
 )
-from areal_m2po.engine.sglang_client import ServerError
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
-from areal_m2po.rollout.batch import groups_to_batch
+from areal_m2po.rollout.batch_builder import groups_to_batch
+from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+from areal_m2po.rollout.engines.remote.errors import RolloutServerError, ServerError
+from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
 from areal_m2po.rollout.executor import RolloutSetup
-from areal_m2po.rollout.remote_engine import (
-    RemoteEngineOptions,
-    RemoteSGLangEngine,
-    RolloutServerError,
-)
-from areal_m2po.utils.staleness import StalenessBudget
+from areal_m2po.rollout.staleness import StalenessBudget
 
 
 def test_budget_by_hand():
@@ -135,57 +132,72 @@ def test_trajectory_bad_input(kw, msg):
 
 
 class FakeServers:
-    """Servers that emit one token per ``delay[addr]`` seconds, stamped with their version."""
+    """The HTTP client of the remote engine, answering for SGLang-protocol servers that emit
+    one token per ``delay[addr]`` seconds; a pause cuts running requests short (finish
+    ``abort``), and each reply is stamped with the version its server held when it began."""
 
     def __init__(self, delays: dict[str, float], dead: set[str] | None = None) -> None:
         self.delays = delays
         self.version = dict.fromkeys(delays, 0)
+        self.paused = dict.fromkeys(delays, False)
         self.dead = dead or set()
         self.in_flight = 0
         self.max_in_flight = 0
         self.serving = False
 
-    async def generate(self, addr, sample, params, max_new_tokens):
+    async def call(self, addr, call):
+        if call.endpoint == "/generate":
+            return await self._generate(addr, call.payload)
+        if call.endpoint == "/pause_generation":
+            self.paused[addr] = True
+        elif call.endpoint == "/continue_generation":
+            self.paused[addr] = False
+        elif call.endpoint == "/update_weights_from_disk":
+            await asyncio.sleep(0.001)
+            self.version[addr] = int(call.payload["weight_version"])
+            return {"success": True}
+        return {}
+
+    async def _generate(self, addr, payload):
         self.serving = True
         if addr in self.dead:
             raise ServerError(addr, "/generate failed: ConnectError")
+        version = self.version[addr]
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        out, finish = [], "length"
         try:
-            while len(sample.output_ids) < max_new_tokens:
+            for _ in range(payload["sampling_params"]["max_new_tokens"]):
                 await asyncio.sleep(self.delays[addr])
-                sample.output_ids.append(5)
-                sample.logprobs.append(-1.0)
-                sample.versions.append(self.version[addr])
+                if self.paused[addr]:
+                    finish = "abort"
+                    break
+                out.append([-1.0, 5, None])
         finally:
             self.in_flight -= 1
-        sample.finish = "length"
-        return sample
+        meta = {"finish_reason": {"type": finish}, "weight_version": str(version)}
+        return {"meta_info": {**meta, "output_token_logprobs": out}}
 
-    async def update_weights(self, addr, path, version):
-        await asyncio.sleep(0.001)
-        self.version[addr] = version
-
-    async def health(self, addr):
+    async def healthy(self, addr):
         # the dead servers die once generation starts (they were healthy at start-up)
         return addr not in self.dead or not self.serving
+
+    async def wait_healthy(self, addrs, timeout):
+        assert all([await self.healthy(a) for a in addrs])
 
     async def aclose(self):
         pass
 
 
 class _Sampler(RolloutWorkflow):
-    """n requests of the record's prompt, reward 0 (what the budget sees of RLVR)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
+    """One request of the record's prompt per episode, reward 0 (what the budget sees of
+    RLVR)."""
 
     async def arun_episode(self, engine, record):
         sampling = SamplingParams(max_new_tokens=3)
-        responses = await asyncio.gather(
-            *(engine.agenerate(ModelRequest(record["prompt_ids"], sampling)) for _ in range(self.n))
+        return Trajectory.from_response(
+            await engine.agenerate(ModelRequest(record["prompt_ids"], sampling))
         )
-        return TrajectoryGroup([Trajectory.from_response(r) for r in responses])
 
 
 class _Executor:
@@ -213,14 +225,16 @@ def _remote(fake, batch_groups, n, eta, max_conc, tmp_path, tolerate=False):
     engine = RemoteSGLangEngine(
         list(fake.delays),
         RemoteEngineOptions(
-            health_check_interval=0.05, health_check_timeout=0.05, tolerate_server_failures=tolerate
+            weights_root=str(tmp_path / "weights"),
+            health_check_interval=0.05,
+            health_check_timeout=0.05,
+            tolerate_server_failures=tolerate,
         ),
-        weights_root=str(tmp_path / "weights"),
         client_factory=lambda: fake,
     )
     context = WorkflowContext(None, GenerationConfig(n_samples=n), SamplingParams(3), [0], None)
     executor = AsyncRolloutExecutor(
-        RolloutSetup(engine, _Sampler(n), context, pad_id=0),
+        RolloutSetup(engine, _Sampler(), context, pad_id=0),
         budget=StalenessBudget(batch_groups, n, eta, max_conc),
         prompt_source=lambda: (records, 0),
     )

@@ -10,8 +10,8 @@ import pytest
 from areal_m2po.dataset.loader import load_records
 from areal_m2po.dataset.multiplication import make_multiplication_split
 from areal_m2po.reward.math_reward import math_reward_fn
-from areal_m2po.rollout.calculator import CalculatorError, calculate
-from areal_m2po.rollout.tool_env import (
+from areal_m2po.rollout.workflows.multi_turn.calculator import CalculatorError, calculate
+from areal_m2po.rollout.workflows.multi_turn.tool_env import (
     CalculatorEnvironment,
     Environment,
     EnvReply,

@@ -12,9 +12,9 @@ import torch
 
 from areal_m2po.api.cli_args import ConfigError, RolloutConfig, VLLMConfig
 from areal_m2po.api.engine_api import SamplingParams
-from areal_m2po.rollout.vllm_server_engine import sampling_payload, span_versions
-from areal_m2po.rollout.vllm_setup import check_vllm_model, vllm_env
-from areal_m2po.rollout.vllm_weights import NameCheck, with_tied_head
+from areal_m2po.rollout.engines.remote.vllm import sampling_payload, span_versions
+from areal_m2po.rollout.engines.vllm.setup import check_vllm_model, vllm_env
+from areal_m2po.rollout.engines.vllm.weights import NameCheck, with_tied_head
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -101,10 +101,10 @@ def test_missing_vllm_is_one_line_before_anything_loads():
 
 
 def test_server_command():
-    from areal_m2po.rollout.vllm_servers import VLLMServerOptions, server_command
+    from areal_m2po.rollout.servers.launch import VLLMServerOptions, vllm_server_command
 
     o = VLLMServerOptions(model_path="/m", max_model_len=64, seed=2, extra_args=("--x", "1"))
-    cpu = server_command(o, 1234, 1, on_gpu=False)
+    cpu = vllm_server_command(o, 1234, 1, on_gpu=False)
     assert cpu[1:3] == ["-m", "areal_m2po.rollout.vllm_server_main"]
     after = cpu[cpu.index("--") + 1 :]
     for flag, value in (("--port", "1234"), ("--seed", "2001"), ("--tokenizer", "/m")):
@@ -113,21 +113,25 @@ def test_server_command():
     assert (
         "--enforce-eager" in after and "--enable-scale-out" in after and after[-2:] == ["--x", "1"]
     )
-    gpu = server_command(o, 1234, 0, on_gpu=True)
+    gpu = vllm_server_command(o, 1234, 0, on_gpu=True)
     assert "--enforce-eager" not in gpu and "--gpu-memory-utilization" in gpu
 
 
 def test_engine_options_take_the_rollout_keys_of_their_names():
     from areal_m2po.api.cli_args import RolloutConfig
-    from areal_m2po.rollout.remote_engine import RemoteEngineOptions
-    from areal_m2po.rollout.vllm_server_engine import VLLMServerEngineOptions
+    from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 
     roll = RolloutConfig(setup_timeout=7.0, request_timeout=8.0, health_check_timeout=9.0)
     remote = roll.engine_options(RemoteEngineOptions)
     assert (remote.setup_timeout, remote.request_timeout, remote.health_check_timeout) == (7, 8, 9)
     assert remote.health_check_interval == roll.health_check_interval
     assert remote.tolerate_server_failures == roll.tolerate_server_failures
-    vllm = roll.engine_options(VLLMServerEngineOptions, weights_root="/w", setup_timeout=1.0)
-    assert vllm == VLLMServerEngineOptions(
-        weights_root="/w", setup_timeout=1.0, request_timeout=8.0, health_check_timeout=9.0
+    given = roll.engine_options(RemoteEngineOptions, weights_root="/w", setup_timeout=1.0)
+    assert given == RemoteEngineOptions(
+        weights_root="/w",
+        setup_timeout=1.0,
+        request_timeout=8.0,
+        health_check_interval=roll.health_check_interval,
+        health_check_timeout=9.0,
+        tolerate_server_failures=roll.tolerate_server_failures,
     )

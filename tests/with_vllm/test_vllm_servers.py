@@ -15,7 +15,7 @@ from procs import process_table
 from vllm_helpers import hf_token_logprobs, perturbed_state, write_tiny_vllm_model
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
-from areal_m2po.rollout.remote_engine import RolloutServerError
+from areal_m2po.rollout.engines.remote.errors import RolloutServerError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -42,17 +42,18 @@ def hf_model(tiny_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_dir, tmp_path_factory):
-    from areal_m2po.rollout.vllm_server_engine import VLLMServerEngine, VLLMServerEngineOptions
-    from areal_m2po.rollout.vllm_servers import VLLMServerOptions
+    from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+    from areal_m2po.rollout.engines.remote.vllm import RemoteVLLMEngine
+    from areal_m2po.rollout.servers.launch import VLLMServerOptions, start_vllm_servers
     from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("srv")
-    eng = VLLMServerEngine(
+    servers = VLLMServerOptions(model_path=tiny_dir, max_model_len=128, num_threads=1)
+    eng = RemoteVLLMEngine(
         build_tiny_tokenizer(),
         tiny_dir,
-        VLLMServerEngineOptions(weights_root=str(root / "w"), setup_timeout=900),
-        servers=VLLMServerOptions(model_path=tiny_dir, max_model_len=128, num_threads=1),
-        log_dir=str(root / "logs"),
+        RemoteEngineOptions(weights_root=str(root / "w"), setup_timeout=900),
+        processes=start_vllm_servers(1, servers, str(root / "logs"), on_gpu=False),
     )
     eng.initialize()
     yield eng

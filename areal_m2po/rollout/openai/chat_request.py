@@ -1,0 +1,309 @@
+"""The chat-completions request fields the agent endpoint honours, checks and refuses.
+
+:func:`parse_chat_request` turns the JSON body the ``openai`` client sends to
+``POST /v1/chat/completions`` into a :class:`ChatRequest`, or raises :class:`ChatRequestError`
+(answered with HTTP 400 and the message in OpenAI's error shape). Nothing is silently ignored:
+a field is used, checked against the trainer's settings, or refused.
+
+Tool calls in a completion are read in the Hermes/Qwen format the common chat templates use,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ACCEPTED_FIELDS",
+    "REFUSED_FIELDS",
+    "ChatRequest",
+    "ChatRequestError",
+    "normalise_assistant",
+    "parse_chat_request",
+    "parse_tool_calls",
+]
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+ACCEPTED_FIELDS = (
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "n",
+    "stop",
+    "stream",
+    "frequency_penalty",
+    "presence_penalty",
+    "user",
+)
+"""Fields read (``model`` and ``user`` are informational: any string is accepted)."""
+REFUSED_FIELDS = (
+    "seed",
+    "logit_bias",
+    "response_format",
+    "stream_options",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "service_tier",
+    "store",
+    "metadata",
+    "functions",
+    "function_call",
+    "web_search_options",
+)
+"""Fields of the chat-completions API refused with HTTP 400 whenever present (any other unknown
+field is refused too)."""
+MAX_STOP_STRINGS = 4
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class ChatRequestError(ValueError):
+    """A request the endpoint refuses; ``param`` names the field (HTTP 400)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.param = param
+
+
+@dataclass
+class ChatRequest:
+    """A checked request.
+
+    Attributes:
+        messages: normalised messages (``role``, ``content`` text, and ``tool_calls`` /
+            ``tool_call_id`` / ``name`` where given), as the chat template takes them.
+        tools: the ``tools`` list for the chat template, or None.
+        max_new_tokens: ``max_completion_tokens`` / ``max_tokens``, or None (the default).
+        stop: stop strings.
+        logprobs: whether to return the sampled tokens' log-probs.
+        tool_choice: ``auto`` or ``none`` (``none``: tool calls are not parsed).
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    tool_choice: str = "auto"
+    model: str = "policy"
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+def _text(content: Any, where: str) -> str:
+    """Message content as text: a string, None, or a list of ``{"type": "text"}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ChatRequestError(
+                    f"{where}.content[{i}]", f"only text parts are supported, got {kind!r}"
+                )
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise ChatRequestError(f"{where}.content", "must be a string or a list of text parts")
+
+
+def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise ChatRequestError(f"{where}.tool_calls", "must be a list")
+    calls = []
+    for i, call in enumerate(raw):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ChatRequestError(f"{where}.tool_calls[{i}]", "needs function.name")
+        arguments = fn.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        calls.append(
+            {
+                "id": str(call.get("id", "")),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": arguments},
+            }
+        )
+    return calls
+
+
+def _message(raw: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(raw, dict):
+        raise ChatRequestError(where, f"must be an object, got {type(raw).__name__}")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise ChatRequestError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    message: dict[str, Any] = {"role": role, "content": _text(raw.get("content"), where)}
+    if role == "assistant" and raw.get("tool_calls"):
+        message["tool_calls"] = _tool_calls(raw["tool_calls"], where)
+    if role == "tool":
+        if not isinstance(raw.get("tool_call_id", ""), str):
+            raise ChatRequestError(f"{where}.tool_call_id", "must be a string")
+        message["tool_call_id"] = raw.get("tool_call_id", "")
+    if isinstance(raw.get("name"), str):
+        message["name"] = raw["name"]
+    return message
+
+
+def normalise_assistant(message: dict[str, Any]) -> tuple[str, tuple[tuple[str, str, str], ...]]:
+    """What identifies an assistant message: its text and its tool calls (id, name, arguments)."""
+    calls = tuple(
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in message.get("tool_calls") or ()
+    )
+    return message.get("content") or "", calls
+
+
+def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ChatRequestError(key, f"must be a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    values = {
+        k: body.get(k) for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None
+    }
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ChatRequestError(key, f"must be an integer >= 1, got {value!r}")
+    if len(set(values.values())) > 1:
+        raise ChatRequestError("max_tokens", "differs from max_completion_tokens; send one")
+    return next(iter(values.values()), None)
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
+        raise ChatRequestError("stop", "must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ChatRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+    return tuple(stops)
+
+
+def _check_flags(body: dict[str, Any]) -> None:
+    unknown = [k for k in body if k not in ACCEPTED_FIELDS]
+    for key in unknown:
+        why = (
+            "is not supported by this endpoint" if key in REFUSED_FIELDS else "is not a known field"
+        )
+        raise ChatRequestError(key, why)
+    if body.get("stream"):
+        raise ChatRequestError("stream", "streaming is not supported; send stream=false")
+    if body.get("n", 1) != 1:
+        raise ChatRequestError(
+            "n", f"only n=1 is supported (send one request per sample), got {body['n']!r}"
+        )
+    for key in ("frequency_penalty", "presence_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            raise ChatRequestError(
+                key, "only 0 is supported (a penalty changes the sampled distribution)"
+            )
+    if body.get("top_logprobs") not in (None, 0):
+        raise ChatRequestError(
+            "top_logprobs", "only 0 is supported (the sampled token's log-prob is returned)"
+        )
+    if not isinstance(body.get("logprobs", False), (bool, type(None))):
+        raise ChatRequestError("logprobs", "must be true or false")
+    for key in ("model", "user"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise ChatRequestError(key, "must be a string")
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list)
+        and all(isinstance(t, dict) and t.get("type") == "function" for t in tools)
+    ):
+        raise ChatRequestError("tools", 'must be a list of {"type": "function", "function": {...}}')
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise ChatRequestError("tool_choice", "only 'auto' and 'none' are supported")
+    if body.get("parallel_tool_calls") not in (None, True, False):
+        raise ChatRequestError("parallel_tool_calls", "must be true or false")
+    return tools or None, choice or "auto"
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Check a chat-completions body (see the module doc and docs/agents.md for the fields).
+
+    Raises:
+        ChatRequestError: naming the field that is missing, malformed or unsupported.
+    """
+    if not isinstance(body, dict):
+        raise ChatRequestError(
+            None, f"the request body must be a JSON object, got {type(body).__name__}"
+        )
+    _check_flags(body)
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise ChatRequestError("messages", "must be a non-empty list of messages")
+    messages = [_message(m, i) for i, m in enumerate(raw_messages)]
+    tools, tool_choice = _tools(body)
+    return ChatRequest(
+        messages=messages,
+        tools=tools,
+        max_new_tokens=_max_tokens(body),
+        stop=_stop(body.get("stop")),
+        logprobs=bool(body.get("logprobs")),
+        tool_choice=tool_choice,
+        model=body.get("model") or "policy",
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0),
+    )
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """(text outside the tool calls, OpenAI ``tool_calls``) of a completion.
+
+    A ``<tool_call>`` whose body is not JSON with a string ``name`` is left in the text (the
+    agent sees what the model wrote and no call is made).
+    """
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    position = 0
+    for match in _TOOL_CALL_RE.finditer(text):
+        try:
+            payload = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not (isinstance(payload, dict) and isinstance(payload.get("name"), str)):
+            continue
+        arguments = payload.get("arguments", {})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": payload["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+        kept.append(text[position : match.start()])
+        position = match.end()
+    kept.append(text[position:])
+    return "".join(kept).strip() if calls else text, calls

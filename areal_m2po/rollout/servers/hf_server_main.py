@@ -1,0 +1,98 @@
+"""``python -m areal_m2po.rollout_server``: serve a causal LM for asynchronous rollout.
+
+    python -m areal_m2po.rollout_server --model-path builtin:tiny --host 127.0.0.1 --port 30000
+
+Takes SGLang's launch flags ``--model-path`` (alias ``--model``), ``--tokenizer-path``,
+``--host``, ``--port``, ``--dtype``, ``--random-seed``, ``--max-running-requests`` and
+``--device``, plus our own ``--num-threads``, ``--attn-implementation`` and ``--parent-pid``
+(exit when that process is gone: the trainer passes its pid, so no server outlives it).
+The protocol is described in :mod:`areal_m2po.rollout.servers.hf_server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from areal_m2po.rollout.servers.watchdog import watch_parent
+from areal_m2po.utils.console import print_error
+from areal_m2po.utils.extras import require_extra
+
+__all__ = ["main", "parse_args"]
+
+_DTYPES = {"auto": "float32", "float": "float32", "float32": "float32", "half": "float16"}
+_DTYPES.update({"float16": "float16", "bfloat16": "bfloat16"})
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m areal_m2po.rollout_server", description=__doc__)
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto", choices=sorted(_DTYPES))
+    p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--attn-implementation", default="sdpa", choices=("sdpa", "eager", "flash_attention_2")
+    )
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
+    p.add_argument("--log-level", default="warning")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        feature, modules = "the rollout server", ("fastapi", "uvicorn")
+        require_extra("python -m areal_m2po.rollout_server", feature, "server", modules)
+    except ValueError as exc:
+        print_error(exc)
+        return 2
+    if args.parent_pid is not None:
+        if os.getppid() != args.parent_pid:
+            print(f"error: --parent-pid {args.parent_pid} is not our parent", file=sys.stderr)
+            return 2
+        watch_parent(args.parent_pid, lambda: os._exit(0))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+
+    import torch
+    import uvicorn
+    from transformers import AutoTokenizer
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+    from areal_m2po.engine.train_engine import load_causal_lm
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
+    from areal_m2po.rollout.servers.hf_server import GenerationWorker, build_app
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok_path = args.tokenizer_path or args.model_path
+    try:
+        model = load_causal_lm(args.model_path, _DTYPES[args.dtype], args.attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tok_path))
+    except (OSError, ValueError) as exc:
+        print_error(exc)
+        return 2
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    engine = HFGenerator(model, tokenizer, torch.device(device))
+    del model
+    worker = GenerationWorker(engine, args.max_running_requests, args.random_seed)
+    app = build_app(worker, args.model_path, tok_path)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
