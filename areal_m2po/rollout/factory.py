@@ -9,7 +9,7 @@ hf, sync           :class:`~.engines.hf.HFInProcessEngine`    :class:`~.sync_exe
 hf, async          :class:`~.engines.remote.sglang.           :class:`~.async_executor.
                    RemoteSGLangEngine` (``server_addrs``, or  AsyncRolloutExecutor`
                    ``n_servers`` HF rollout servers started
-                   here; weights through disk)
+                   by rank 0; weights through disk)
 vllm, in_process   :class:`~.engines.vllm.in_process.         the mode's
                    VLLMInProcessEngine`
 vllm, servers      :class:`~.engines.remote.vllm.             the mode's
@@ -115,14 +115,16 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
         from areal_m2po.rollout.staleness import StalenessBudget
 
-        n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size
+        # each process generates and trains its contiguous share of every batch's groups
+        n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size // parts.world
+        concurrent = (roll.max_concurrent_rollouts or b * n * parts.world) // parts.world
         budget = StalenessBudget(
             groups_per_batch=b,
             samples_per_group=n,
             max_head_offpolicyness=roll.max_head_offpolicyness or 0,
-            max_concurrent_samples=roll.max_concurrent_rollouts or b * n,
+            max_concurrent_samples=max(concurrent, n),
         )
-        return AsyncRolloutExecutor(setup, budget, parts.loader.next_batch)
+        return AsyncRolloutExecutor(setup, budget, parts.loader.next_batch, parts.rank, parts.world)
     from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
 
     return SyncRolloutExecutor(
@@ -150,7 +152,7 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
 
     roll = cfg.rollout
     processes = None
-    if not roll.server_addrs:
+    if not roll.server_addrs and parts.rank == 0:
         options = HFServerOptions(
             model_path=cfg.actor.path,
             tokenizer_path=cfg.tokenizer_path,
@@ -168,6 +170,8 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
         _remote_options(cfg, parts),
         processes=processes,
         model_config=parts.model_config,
+        rank=parts.rank,
+        world=parts.world,
     )
 
 

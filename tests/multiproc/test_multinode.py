@@ -6,15 +6,21 @@ built-in model cache, both writing one shared ``output_dir``.
   processes with the same seed.
 * (slow) ``backend: ddp``: both nodes SIGKILLed right after the step-2 recover checkpoint, then
   both started again: steps 1-3 equal one node's 3 uninterrupted steps.
+* (slow) ``rollout.mode=async``: the trainer on both nodes, a rollout server started as a
+  third "node", reached through ``rollout.server_addrs``.
 * Nodes that disagree (a config value; an ``output_dir`` that is not shared) stop at start-up,
   every process with one line naming the key and the node.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+import urllib.request
 
 import pytest
+import torch
 from procs import (
     SUPPORT,
     TIMEOUT_S,
@@ -23,13 +29,14 @@ from procs import (
     node_launch_command,
     popen,
     read_metrics,
+    tiny_train_args,
     train_command,
     untimed,
 )
 
 from areal_m2po.api.config_loader import load_config, save_config
 from areal_m2po.engine.model_cache import REQUIRED_FILES
-from areal_m2po.engine.server_launcher import free_port
+from areal_m2po.utils.net import free_port
 
 pytestmark = pytest.mark.multiproc
 
@@ -89,6 +96,43 @@ def test_two_ddp_nodes_killed_and_restarted_continue_as_one_node(tmp_path):
     a, b = read_metrics(straight), read_metrics(killed)
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [untimed(r) for r in a] == [untimed(r) for r in b]
+
+
+@pytest.mark.slow
+def test_async_trainer_on_two_nodes_with_a_rollout_server_node(tmp_path):
+    port = free_port()
+    server = popen(
+        [sys.executable, "-m", "areal_m2po.rollout_server", "--model-path", "builtin:tiny"]
+        + ["--port", str(port), "--num-threads", "1"],
+        tmp_path,
+        AREAL_M2PO_CACHE=str(tmp_path / "server-cache"),
+    )
+    out = tmp_path / "run"
+    async_mode = (
+        "rollout.mode=async",
+        "rollout.staleness=0",
+        "rollout.max_head_offpolicyness=1",
+        f"rollout.server_addrs=[127.0.0.1:{port}]",
+        "recover.mode=auto",
+        "recover.freq_steps=2",
+    )
+    try:
+        args = ["-m", "areal_m2po.train", *tiny_train_args(out, 2, *async_mode)]
+        check_exit(_two_nodes(tmp_path, lambda rank: args, "async"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_model_info", timeout=30) as r:
+            info = json.loads(r.read())
+    finally:
+        server.kill()
+        server.communicate(timeout=60)
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["rollout/n_servers"] == 1
+        assert r["actor/version"] - r["rollout/version_min"] <= 1  # max_head_offpolicyness
+        assert r["m2po/n_valid"] > 0
+    assert info["weight_version"] == "2"  # rank 0 loaded each new policy into the server
+    ranks = torch.load(out / "recover" / "step_2" / "ranks.pt", weights_only=True)
+    assert [r["rank"] for r in ranks] == [0, 1]
 
 
 def _error_lines(procs) -> list[list[str]]:
