@@ -1631,7 +1631,12 @@ class StatsLoggerConfig:
 
     jsonl: bool = _field(True, "Write output_dir/metrics.jsonl, one JSON object per step.")
     console: bool = _field(True, "Print a compact line per step.")
-    progress_bar: bool = _field(True, "Show a progress bar on a terminal.")
+    progress_bar: bool = _field(
+        True,
+        "Show a step bar (steps, time left, the reward or loss and the last held-out figure) "
+        "on the main process when stderr is a terminal; log files and pipes get the per-step "
+        "metrics line only.",
+    )
     wandb: WandBConfig = _section(WandBConfig, "wandb settings.")
     tensorboard: TensorBoardConfig = _section(TensorBoardConfig, "TensorBoard settings.")
 

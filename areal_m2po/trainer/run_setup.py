@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from areal_m2po.trainer.node_check import check_processes_agree
 from areal_m2po.trainer.preflight import check_extras
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
@@ -44,7 +45,10 @@ def start_run(config: Any) -> RunContext:
     (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
     ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``); a
     feature it asks for whose optional packages are missing is refused first
-    (:func:`~areal_m2po.trainer.preflight.check_extras`)."""
+    (:func:`~areal_m2po.trainer.preflight.check_extras`), and processes that disagree on the
+    config, the files it names, package versions or the checkpoint to resume, or that do not
+    share ``output_dir``, are stopped in one line
+    (:func:`~areal_m2po.trainer.node_check.check_processes_agree`)."""
     check_extras(config)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
@@ -58,6 +62,7 @@ def start_run(config: Any) -> RunContext:
     setup_logging(accelerator.is_main_process)
     set_seed(config.seed)
     assert config.output_dir is not None  # filled in by the config's __post_init__
+    check_processes_agree(config, config.output_dir)
     return RunContext(
         accelerator=accelerator,
         is_main=accelerator.is_main_process,

@@ -158,18 +158,20 @@ class StepLoop:
         """The loop of the supervised trainers (SFT, reward model) after their start-up: each
         step trains on this rank's rows of the loader's next batch (``train_step(
         _local_rows(batch))``), records the epoch as ``epoch_key``, ends the step
-        (:meth:`_end_step`) and stops early when ``after_step(stats)`` says so; then
+        (:meth:`_end_step`) and stops early when ``after_step(stats)`` says so, under the step
+        bar (:meth:`~areal_m2po.utils.stats_logger.StatsLogger.progress`); then
         :meth:`_save_final`."""
         self._start_cadences()
-        while self.step < self.total_steps:
-            t0 = time.perf_counter()
-            batch, epoch = self.loader.next_batch()
-            stats = self.train_step(self._local_rows(batch))
-            stats[epoch_key] = float(epoch)
-            self.step += 1
-            self._end_step(stats, t0)
-            if after_step(stats):
-                break
+        with self.stats_logger.progress(self.total_steps, self.step):
+            while self.step < self.total_steps:
+                t0 = time.perf_counter()
+                batch, epoch = self.loader.next_batch()
+                stats = self.train_step(self._local_rows(batch))
+                stats[epoch_key] = float(epoch)
+                self.step += 1
+                self._end_step(stats, t0)
+                if after_step(stats):
+                    break
         self._save_final()
 
 

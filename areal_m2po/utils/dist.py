@@ -92,6 +92,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order, on every rank (``[obj]`` in one process)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
     """Every rank's ``obj`` in rank order on rank ``dst``, None on the others."""
     if not is_distributed():

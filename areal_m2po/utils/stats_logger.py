@@ -1,4 +1,5 @@
-"""Per-step metrics: ``metrics.jsonl``, a compact console line, wandb and TensorBoard.
+"""Per-step metrics: ``metrics.jsonl``, a compact console line, wandb, TensorBoard and the step
+bar on a terminal (:meth:`StatsLogger.progress`).
 
 Only the main process writes. ``metrics.jsonl`` holds one JSON object per step; on resume the
 lines of steps at or after the resume step are dropped first, so the file never holds a
@@ -11,9 +12,11 @@ import json
 import logging
 import math
 import os
+import sys
 from typing import Any
 
 from areal_m2po.api.cli_args import StatsLoggerConfig
+from areal_m2po.utils.progress import HEADLINE_FIELDS, StepProgress
 
 logger = logging.getLogger("areal_m2po.stats")
 
@@ -71,6 +74,16 @@ class StatsLogger:
         self._tb: Any = None
         self._run_name = run_name
         self._config_dict = config_dict or {}
+        self._figures: dict[str, float] = {}  # the last value of each headline figure
+        self._progress: StepProgress | None = None
+
+    def progress(self, total: int, initial: int) -> StepProgress:
+        """The step bar around a trainer's loop of ``total`` steps from ``initial``: on the
+        main process, on a terminal, unless ``progress_bar`` is off; every :meth:`log` moves it
+        (:class:`~areal_m2po.utils.progress.StepProgress`)."""
+        enabled = self.is_main and self.config.progress_bar
+        self._progress = StepProgress(total, initial, sys.stderr, enabled, self._figures)
+        return self._progress
 
     def start(self, resume_step: int = 0) -> None:
         """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step."""
@@ -143,6 +156,9 @@ class StatsLogger:
                 self._tb.add_scalar(k, v, step)
         if self.config.console:
             logger.info(self.console_line(step, stats))
+        self._figures.update({k: float(stats[k]) for k, _, _ in HEADLINE_FIELDS if k in stats})
+        if self._progress is not None:
+            self._progress.update(step, stats)
 
     @staticmethod
     def console_line(step: int, stats: dict[str, float]) -> str:

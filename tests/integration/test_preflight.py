@@ -33,7 +33,8 @@ def test_fewer_groups_per_rank_than_minibatches() -> None:
         check_rl_batch(_cfg(8, n_minibatches=4), 4)
 
 
-def test_async_rollout_refuses_several_processes() -> None:
+def test_async_rollout_splits_the_batch_like_sync() -> None:
     check_rl_batch(_cfg(4, mode="async"), 1)
-    with pytest.raises(ValueError, match=r"rollout\.mode=async runs in one trainer process"):
-        check_rl_batch(_cfg(4, mode="async"), 2)
+    check_rl_batch(_cfg(4, mode="async"), 2)  # each process generates and trains 2 groups
+    with pytest.raises(ValueError, match=r"^train_dataset\.batch_size \(4\) must be a multiple"):
+        check_rl_batch(_cfg(4, mode="async"), 3)

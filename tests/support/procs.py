@@ -38,12 +38,24 @@ def launch_command(n: int) -> list[str]:
     return cpu_launch_command(n)
 
 
-def popen(cmd: list[str], cwd: Path) -> subprocess.Popen:
-    """Start ``cmd`` in ``cwd`` with :func:`subprocess_env`, stdout and stderr together."""
+def node_launch_command(
+    num_machines: int, machine_rank: int, num_processes: int, port: int
+) -> list[str]:
+    """``accelerate launch`` of node ``machine_rank`` of ``num_machines`` "nodes" on this machine
+    (over 127.0.0.1, gloo), ``num_processes`` processes in all; node 0 listens on ``port``."""
+    cmd = cpu_launch_command(num_processes, port)
+    i = cmd.index("--num_machines")
+    cmd[i + 1] = str(num_machines)
+    return [*cmd, "--machine_rank", str(machine_rank), "--main_process_ip", "127.0.0.1"]
+
+
+def popen(cmd: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    """Start ``cmd`` in ``cwd`` with :func:`subprocess_env` (and ``env`` on top), stdout and
+    stderr together."""
     return subprocess.Popen(
         cmd,
         cwd=cwd,
-        env=subprocess_env(),
+        env={**subprocess_env(), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -143,8 +143,8 @@ def test_the_builtin_smollm2_needs_gguf_only_until_converted(monkeypatch, tmp_pa
     _hide(monkeypatch, "gguf")
     folder = tmp_path / "smollm2-135m-instruct"
     folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text("{}")
     check_extras(PPOConfig(actor=ActorConfig(path=smol)))
 
 

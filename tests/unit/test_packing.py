@@ -236,3 +236,24 @@ def test_shared_prefill_generation_equals_plain_generate(temperature: float) -> 
     assert len(plain.logits) == len(shared.logits)
     for a, b in zip(plain.logits, shared.logits):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_shared_prefill_uses_the_cache_name_of_this_transformers(caplog) -> None:
+    """No ``past_key_values``/``cache_params are deprecated`` warning: the cache is read from
+    the output and passed to ``generate`` under the name this transformers' forward takes."""
+    import logging
+
+    from transformers import GenerationConfig
+
+    from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
+
+    model = _tiny_llama(vocab=97)
+    ids = torch.randint(3, 97, (2, 5), generator=torch.Generator().manual_seed(0))
+    cfg = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=[1])
+    warning_once = getattr(logging.Logger, "warning_once", None)
+    if warning_once is not None:  # transformers warns once per process: forget earlier ones
+        warning_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        generate_shared_prefill(model, ids, torch.ones_like(ids), cfg, 2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "deprecated" in m], messages

@@ -22,7 +22,8 @@ __all__ = ["generate_shared_prefill"]
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
-    """``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
+    """The name under which this transformers' forward takes and returns the KV cache:
+    ``cache`` in newer releases (which warn on the old name), ``past_key_values`` before."""
     params = inspect.signature(type(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
@@ -65,13 +66,14 @@ def generate_shared_prefill(
             use_cache=True,
             logits_to_keep=1,
         )
-    cache = out.past_key_values
+    name = _cache_kwarg(model)
+    cache = getattr(out, name)
     cache.batch_repeat_interleave(n)
     cfg.num_return_sequences = 1
     return model.generate(
         input_ids=input_ids.repeat_interleave(n, 0),
         attention_mask=mask.repeat_interleave(n, 0),
         generation_config=cfg,
-        **{_cache_kwarg(model): cache},
+        **{name: cache},
         **kwargs,
     )

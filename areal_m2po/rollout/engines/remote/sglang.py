@@ -119,6 +119,8 @@ class RemoteSGLangEngine(RemoteInferenceEngine):
         processes: servers started for this run (stopped by :meth:`destroy`).
         model_config: the policy's ``transformers`` config, saved next to the weights.
         client_factory: see :class:`~.base.RemoteInferenceEngine`.
+        rank, world: this trainer process and how many share the servers (rank 0 drives
+            them; see :class:`~.base.RemoteInferenceEngine`).
     """
 
     def __init__(
@@ -128,7 +130,16 @@ class RemoteSGLangEngine(RemoteInferenceEngine):
         processes: ServerPool | None = None,
         model_config: Any = None,
         client_factory: Callable[[], Any] | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         super().__init__(
-            SGLangBackend(), options, addrs, processes, model_config, client_factory=client_factory
+            SGLangBackend(),
+            options,
+            addrs,
+            processes,
+            model_config,
+            client_factory=client_factory,
+            rank=rank,
+            world=world,
         )
