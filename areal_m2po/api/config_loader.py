@@ -7,10 +7,13 @@ A run's configuration is built in three layers, later ones winning::
 Overrides come in three equivalent forms: ``--actor.m2_threshold=0.05``,
 ``--actor.m2_threshold 0.05`` and ``actor.m2_threshold=0.05``. Values are read as YAML
 (``null``, ``true``/``false``, numbers, ``[a, b]`` lists, ``{k: v}`` mappings), except that a
-string field takes the text verbatim. Setting a key inside an optional section that is null
-(``actor.rejection_sampling.upper=5``) first creates that section with its defaults. YAML files
-and override values may use OmegaConf interpolation (``${gconfig.n_samples}``); a YAML file need
-not list every key.
+string field takes the text verbatim; an empty value (``actor.m2_threshold=``, often an unset
+shell variable) is an error for every key (``null`` unsets one). Setting a key inside an
+optional section that is null (``actor.rejection_sampling.upper=5``) first creates that section
+with its defaults. Mapping-valued keys (``rollout.workflow_kwargs``) behave like sections: a
+dotted key reaches into them (``rollout.workflow_kwargs.max_turns=2``) and a mapping merges
+into what is there (``null`` clears them). YAML files and override values may use OmegaConf
+interpolation (``${gconfig.n_samples}``); a YAML file need not list every key.
 
 The result is made of the real dataclass instances, so every ``__post_init__`` check runs exactly
 as it does for ``ActorConfig(m2_threshold=0.05, ...)`` in Python. Every problem is raised as a
@@ -108,8 +111,19 @@ def _merge_mapping(
             if not isinstance(tree.get(name), dict):
                 tree[name] = section_defaults(kind.base, key)
             _merge_mapping(tree[name], value, kind.base, key + ".", root)
+        elif kind.is_mapping and isinstance(value, dict) and isinstance(tree.get(name), dict):
+            tree[name] = _merged(tree[name], value)
         else:
             tree[name] = config_to_dict(value)
+
+
+def _merged(base: dict[Any, Any], update: dict[Any, Any]) -> dict[Any, Any]:
+    """``base`` with ``update`` merged in, nested mappings merged key by key (a copy)."""
+    out = dict(base)
+    for k, v in update.items():
+        both = isinstance(out.get(k), dict) and isinstance(v, dict)
+        out[k] = _merged(out[k], v) if both else config_to_dict(v)
+    return out
 
 
 def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
@@ -122,12 +136,20 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
             raise _unknown(key, root)
         _, kind = schema[part]
         here = ".".join(parts[: depth + 1])
-        if depth == len(parts) - 1:
+        last = depth == len(parts) - 1
+        if (kind.is_mapping or last) and not raw.strip():
+            raise ConfigError(key, "empty value (an unset shell variable?); write null to unset it")
+        if kind.is_mapping and not last:  # a key inside a mapping
+            _set_in_mapping(node, part, parts[depth + 1 :], _parse_value(raw, FieldKind(Any, True)))
+            return
+        if last:
             value = _parse_value(raw, kind)
             if kind.is_section and isinstance(value, dict):
                 if not isinstance(node.get(part), dict):
                     node[part] = section_defaults(kind.base, here)
                 _merge_mapping(node[part], value, kind.base, here + ".", root)
+            elif kind.is_mapping and isinstance(value, dict) and isinstance(node.get(part), dict):
+                node[part] = _merged(node[part], value)
             else:
                 node[part] = value
             return
@@ -136,6 +158,17 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
         if not isinstance(node.get(part), dict):
             node[part] = section_defaults(kind.base, here)
         node, cls = node[part], kind.base
+
+
+def _set_in_mapping(node: dict[str, Any], name: str, path: list[str], value: Any) -> None:
+    """Set ``node[name][path[0]]...[path[-1]] = value``, creating the mappings on the way."""
+    mapping = node.get(name)
+    node[name] = mapping = dict(mapping) if isinstance(mapping, dict) else {}
+    for part in path[:-1]:
+        inner = mapping.get(part)
+        mapping[part] = dict(inner) if isinstance(inner, dict) else {}
+        mapping = mapping[part]
+    mapping[path[-1]] = value
 
 
 def _parse_value(raw: str, kind: FieldKind) -> Any:
@@ -291,6 +324,10 @@ def _convert(value: Any, kind: FieldKind, key: str, root: type) -> Any:
         if isinstance(value, (int, float)):
             return str(value)
         if not isinstance(value, str):
+            raise wrong()
+        return value
+    if base is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise wrong()
         return value
     if base is list:
