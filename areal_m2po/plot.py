@@ -19,12 +19,12 @@ rate and completion tokens per step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from areal_m2po.utils import stats_logger
 from areal_m2po.utils.extras import require_extra
 
 
@@ -80,18 +80,10 @@ def panels_for(records: list[dict[str, Any]]) -> tuple[Panel, ...]:
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
-    """The records of a metrics.jsonl; a malformed line raises ValueError naming file:line."""
-    records = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-    return records
+    """The records of a metrics.jsonl (:func:`areal_m2po.utils.stats_logger.read_metrics`: a
+    partial last line is skipped with a warning, a malformed line before it raises ValueError
+    naming file:line)."""
+    return stats_logger.read_metrics(path)
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
