@@ -16,9 +16,12 @@ from typing import Any
 
 from areal_m2po.api.cli_args import ConfigError
 from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
+from areal_m2po.api.errors import RunError
 from areal_m2po.utils.console import print_error
 
 EXIT_BAD_CONFIG = 2
+EXIT_RUN_STOPPED = 1
+"""Exit status of a run stopped by a :class:`~areal_m2po.api.errors.RunError`."""
 HELP_FLAGS = ("-h", "--help")
 PRINT_CONFIG = "--print-config"
 
@@ -38,7 +41,8 @@ def config_main(
         run_training: called with the valid config; its return value is the exit status
             (None counts as 0). A :class:`ConfigError` it raises exits with status 2. A
             ``"module:function"`` string names it: the module (the trainer, heavy) is imported
-            only once the config is valid.
+            only once the config is valid. A :class:`RunError` it raises is printed as one line
+            and exits with status 1.
         usage: the head of ``--help`` (None: the PPO trainer's).
         check_before_run: extra checks of a config that is about to train (not for
             ``--print-config``); a ``ValueError`` exits with status 2.
@@ -71,6 +75,9 @@ def config_main(
     except ConfigError as exc:
         print_error(exc)
         return EXIT_BAD_CONFIG
+    except RunError as exc:  # a run stopped for a stated reason (non-finite steps, ...)
+        print_error(exc)
+        return EXIT_RUN_STOPPED
     return 0 if status is None else int(status)
 
 

