@@ -1,4 +1,5 @@
-"""Plot a run's metrics: ``python -m areal_m2po.plot RUN_DIR [--out FILE.png]``.
+"""Plot a run's metrics: ``python -m areal_m2po.plot RUN_DIR [--out FILE.png]``; compare runs:
+``python -m areal_m2po.plot RUN_A RUN_B ... --out FILE.png [--labels A,B,...]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG of six panels against the training step:
 
@@ -9,6 +10,11 @@ Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG of six panels against the tra
 * the behaviour-vs-proximal KL, ``actor/behave_kl`` = mean(behave_logp - prox_logp) per token
   in nats: how far the policy moved since it generated the batch, the drift M2PO watches;
 * the policy entropy per token (nats) and the mean generation length (tokens).
+
+Given several run directories it writes one figure of :data:`COMPARE_PANELS` instead, each
+run's lines in its own colour: the held-out accuracy, the share of tokens the M2PO mask or the
+PPO clip took out of the gradient (``m2po/masked_fraction``, ``actor/clip_fraction``, in %), the
+reward and the entropy.
 
 A panel whose metrics the run did not log (M2PO off, no evaluation) says so. A supervised
 fine-tuning run (``python -m areal_m2po.train_sft``, metrics ``sft/...``) gets its own panels
@@ -72,6 +78,20 @@ SFT_PANELS = (
     Panel("completion tokens per step", (("sft/n_tokens", "sft/n_tokens"),), ylabel="tokens"),
     Panel("step time", (("timing/step_s", "timing/step_s"),), ylabel="s"),
 )
+
+
+COMPARE_PANELS = (
+    Panel("held-out greedy accuracy", (("eval/accuracy", "accuracy"),)),
+    Panel(
+        "tokens out of the gradient (% of a step's)",
+        (("m2po/masked_fraction", "M2PO masked"), ("actor/clip_fraction", "PPO clipped")),
+        ylabel="%",
+    ),
+    Panel("reward (mean over samples)", (("reward/mean", "reward"),)),
+    Panel("policy entropy", (("actor/entropy", "entropy"),), ylabel="nats / token"),
+)
+"""The panels of a comparison; the fractions are drawn in percent."""
+_PERCENT_KEYS = ("m2po/masked_fraction", "actor/clip_fraction")
 
 
 def panels_for(records: list[dict[str, Any]]) -> tuple[Panel, ...]:
@@ -141,12 +161,69 @@ def build_figure(records: list[dict[str, Any]], title: str = "") -> Any:
     return fig
 
 
-def plot_run(run_dir: str, out: str | None = None) -> str:
-    """Write the PNG and return its path (default ``RUN_DIR/metrics.png``)."""
+def build_comparison(runs: list[tuple[str, list[dict[str, Any]]]]) -> Any:
+    """A matplotlib Figure of :data:`COMPARE_PANELS` over ``runs`` (``(label, records)``): one
+    colour per run, the line style per metric, legend entries ``"<label>: <metric label>"``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    styles = ("-", "--", ":")
+    for ax, panel in zip(axes.flat, COMPARE_PANELS):
+        for colour, (label, records) in enumerate(runs):
+            for style, (key, name) in zip(styles, panel.series):
+                xs, ys = series(records, key)
+                if not xs:
+                    continue
+                scale = 100.0 if key in _PERCENT_KEYS else 1.0
+                ax.plot(
+                    xs,
+                    [scale * y for y in ys],
+                    ls=style,
+                    color=f"C{colour}",
+                    marker="o" if len(xs) < 30 else None,
+                    ms=3,
+                    label=f"{label}: {name}",
+                )
+        if ax.get_lines():
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel("step")
+        if panel.ylabel:
+            ax.set_ylabel(panel.ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def _run_records(run_dir: str) -> list[dict[str, float]]:
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(metrics_path):
         raise FileNotFoundError(f"{metrics_path} does not exist (is {run_dir} a run directory?)")
-    fig = build_figure(read_metrics(metrics_path), os.path.abspath(run_dir))
+    return read_metrics(metrics_path)
+
+
+def plot_comparison(run_dirs: list[str], out: str, labels: list[str] | None = None) -> str:
+    """Write the comparison PNG of ``run_dirs`` to ``out`` and return it; ``labels`` default
+    to the directories' names."""
+    if labels is None:
+        labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
+    fig = build_comparison([(lab, _run_records(d)) for lab, d in zip(labels, run_dirs)])
+    import matplotlib.pyplot as plt
+
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_run(run_dir: str, out: str | None = None) -> str:
+    """Write the PNG and return its path (default ``RUN_DIR/metrics.png``)."""
+    fig = build_figure(_run_records(run_dir), os.path.abspath(run_dir))
     import matplotlib.pyplot as plt
 
     out = out or os.path.join(run_dir, "metrics.png")
@@ -157,12 +234,25 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m areal_m2po.plot", description=__doc__)
-    parser.add_argument("run_dir", help="run directory holding metrics.jsonl")
-    parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/metrics.png)")
+    parser.add_argument(
+        "run_dir", nargs="+", help="run directory holding metrics.jsonl (several: compare them)"
+    )
+    parser.add_argument(
+        "--out", default=None, help="PNG path (default RUN_DIR/metrics.png; needed to compare)"
+    )
+    parser.add_argument(
+        "--labels", default=None, help="comma-separated run names of a comparison (default: dirs)"
+    )
     args = parser.parse_args(argv)
+    if len(args.run_dir) > 1 and args.out is None:
+        parser.error("--out is required when comparing several runs")
     try:
         require_extra("python -m areal_m2po.plot", "plotting", "plot")
-        path = plot_run(args.run_dir, args.out)
+        if len(args.run_dir) == 1:
+            path = plot_run(args.run_dir[0], args.out)
+        else:
+            labels = args.labels.split(",") if args.labels else None
+            path = plot_comparison(args.run_dir, args.out, labels)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

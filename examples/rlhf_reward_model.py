@@ -22,15 +22,27 @@
    next to the true one (a learned reward that rises while the true one does not is reward
    over-optimisation).
 
+4. **DPO on the same pairs** (``--dpo``): ``python -m areal_m2po.train_dpo`` trains the SFT
+   policy directly on the reward model's training pairs (its budget: epochs, pairs per step;
+   its learning rate, or one arm per ``--dpo-lr``), and reports its implicit-reward accuracy on
+   the same held-out pairs and the *true* held-out greedy accuracy, measured as the PPO run
+   measures it (docs/dpo.md).
+
     python examples/rlhf_reward_model.py                     # SmolLM2 (see docs/rlhf.md for times)
     python examples/rlhf_reward_model.py --tiny              # tiny random model, seconds
     python examples/rlhf_reward_model.py --ppo-steps 20 --ppo actor.kl_ctl=0.01
+    python examples/rlhf_reward_model.py --dpo --dpo-lr 3e-5 1e-6 --plot comparison.png
+
+Rerunning the same command continues a run that stopped: a finished stage is not run again
+(its summary is in ``stages/<name>.json``), and the SFT, PPO and DPO stages resume from their
+recover checkpoints.
 
 ``--tiny`` exercises every stage with the tiny random model, which never answers a sum right;
 its pairs are labelled by the share of digits in the answer instead (a stand-in for the stand-in).
 Everything is written under ``--output-dir``: ``sft/`` (the SFT run; ``sft/checkpoints/final``
 is the model), ``pairs/{train,valid}.jsonl``, ``rm/`` (the reward
-model run; ``rm/checkpoints/final`` is the model), ``ppo/`` (the PPO run) and ``summary.json``.
+model run; ``rm/checkpoints/final`` is the model), ``ppo/`` (the PPO run), ``dpo*/`` and ``eval/`` (``--dpo``), ``stages/`` and
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -181,6 +193,22 @@ def run_stage(module: str, overrides: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", module, *overrides], check=False).returncode
 
 
+def cached_stage(out_dir: str, name: str, fn: Callable[[], dict]) -> dict:
+    """``fn()``, the summary of stage ``name``, kept in ``stages/<name>.json``; a rerun of the
+    demo reads a finished stage's summary instead of running it again."""
+    path = os.path.join(out_dir, "stages", f"{name}.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            print(f"      {name}: finished in an earlier run ({path})", flush=True)
+            return dict(json.load(fh))
+    result = fn()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1)
+    os.replace(path + ".tmp", path)
+    return result
+
+
 def run_sft(args: argparse.Namespace, out_dir: str) -> dict:
     """Stage 0: supervised fine-tuning of ``args.policy`` on correct answers (train_sft's
     built-in default data); the fine-tuned model becomes the policy and the reward model's
@@ -196,6 +224,7 @@ def run_sft(args: argparse.Namespace, out_dir: str) -> dict:
             f"model.optimizer.lr={args.sft_lr}",
             "evaluator.freq_steps=null",
             "stats_logger.progress_bar=false",
+            "recover.mode=auto",
             *args.sft,
         ],
     )
@@ -263,6 +292,8 @@ def run_ppo(args: argparse.Namespace, out_dir: str, rm_path: str) -> dict:
             f"output_dir={run_dir}",
             "saver.save_at_end=false",
             "stats_logger.progress_bar=false",
+            "recover.mode=auto",
+            "recover.freq_steps=4",
             *args.ppo,
         ],
     )
@@ -310,6 +341,162 @@ def reward_gap(per_step: list[dict[str, float]], window: int) -> dict[str, float
         "corr_first": mean(first, "corr"),
         "corr_last": mean(last, "corr"),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. DPO on the same pairs (--dpo), measured as the PPO run is
+# ---------------------------------------------------------------------------------------------
+
+
+def true_accuracy(args: argparse.Namespace, out_dir: str, model_path: str, name: str) -> float:
+    """The held-out greedy accuracy (checker) of ``model_path``, measured exactly as the PPO
+    stage measures its policy: the step-0 ``eval/accuracy`` of ``python -m areal_m2po.train``
+    with the PPO stage's evaluation settings (same problems, generation settings, checker),
+    in a one-step run whose training step is not used."""
+    run_dir = os.path.join(out_dir, "eval", name)
+    status = run_stage(
+        "areal_m2po.train",
+        [
+            f"actor.path={model_path}",
+            "total_train_steps=1",
+            "evaluator.freq_steps=null",
+            "evaluator.eval_at_end=false",
+            f"valid_dataset.max_samples={args.eval_problems}",
+            f"valid_dataset.batch_size={args.eval_problems}",
+            f"output_dir={run_dir}",
+            "saver.save_at_end=false",
+            "stats_logger.progress_bar=false",
+            *args.ppo,
+        ],
+    )
+    if status != 0:
+        raise SystemExit(f"evaluation of {model_path} failed with status {status}")
+    return float(next(m["eval/accuracy"] for m in read_metrics(run_dir) if m["step"] == 0))
+
+
+def dpo_arm_name(args: argparse.Namespace, lr: float) -> str:
+    """``dpo`` for the reward model's learning rate, else ``dpo_lr<lr>``."""
+    return "dpo" if lr == args.rm_lr else f"dpo_lr{lr:g}"
+
+
+def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int, lr: float) -> dict:
+    """SFT -> DPO at learning rate ``lr`` on the reward model's pairs with the reward-model
+    stage's budget (epochs, pairs per step), saving and evaluating the held-out pairs halfway
+    and at the end; the run lands in ``<out_dir>/<dpo_arm_name>``."""
+    t0 = time.perf_counter()
+    pairs = os.path.join(out_dir, "pairs")
+    run_dir = os.path.join(out_dir, dpo_arm_name(args, lr))
+    steps = math.ceil(train_pairs / args.rm_batch) * args.rm_epochs
+    half = max(1, steps // 2)
+    status = run_stage(
+        "areal_m2po.train_dpo",
+        [
+            f"model.path={args.policy}",
+            f"train_dataset.path={pairs}/train.jsonl",
+            f"valid_dataset.path={pairs}/valid.jsonl",
+            f"output_dir={run_dir}",
+            f"total_train_epochs={args.rm_epochs}",
+            f"train_dataset.batch_size={args.rm_batch}",
+            "train_dataset.drop_last=false",
+            f"model.optimizer.lr={lr}",
+            f"beta={args.dpo_beta}",
+            f"evaluator.freq_steps={half}",
+            f"saver.freq_steps={half}",
+            "recover.mode=auto",
+            f"recover.freq_steps={half}",
+            "stats_logger.progress_bar=false",
+            *args.dpo_args,
+        ],
+    )
+    if status != 0:
+        raise SystemExit(f"train_dpo failed with status {status}")
+    return {"half": half, "seconds": time.perf_counter() - t0}
+
+
+def dpo_arm(args: argparse.Namespace, out_dir: str, train_pairs: int, lr: float) -> dict:
+    """One DPO arm: trained once (a finished run is not trained again), then read from its
+    metrics: the held-out pair metrics at each evaluation, the training pairs' completion
+    log-probs per step (falling chosen log-probs: likelihood displacement), and the true
+    held-out greedy accuracy of the SFT model, the halfway save and the final model."""
+    name = dpo_arm_name(args, lr)
+    run = cached_stage(out_dir, name, lambda: run_dpo(args, out_dir, train_pairs, lr))
+    run_dir = os.path.join(out_dir, name)
+    metrics = read_metrics(run_dir)
+    evals = [m for m in metrics if "eval/accuracy" in m]
+    steps = metrics[-1]["step"]
+    models = [
+        ("sft", 0, args.policy),
+        (f"{name}_half", run["half"], os.path.join(run_dir, "checkpoints", f"step_{run['half']}")),
+        (f"{name}_final", steps, os.path.join(run_dir, "checkpoints", "final")),
+    ]
+    true = []
+    for tag, step, path in models:
+        acc = cached_stage(
+            out_dir,
+            f"eval_{tag}",
+            lambda p=path, t=tag: {"acc": true_accuracy(args, out_dir, p, t)},
+        )["acc"]
+        true.append([step, acc])
+    keys = ("step", "eval/accuracy", "eval/margin", "eval/loss")
+    return {
+        "name": name,
+        "lr": lr,
+        "path": models[-1][2],
+        "steps": steps,
+        "half": run["half"],
+        "held_out_pairs": [{k: m[k] for k in keys} for m in evals],
+        "eval_pairs": evals[-1]["eval/n_pairs"],
+        "train_logps": [
+            [m["step"], m["dpo/chosen_logp"], m["dpo/rejected_logp"]]
+            for m in metrics
+            if "dpo/chosen_logp" in m
+        ],
+        "true_accuracy": true,
+        "seconds": run["seconds"],
+    }
+
+
+def plot_comparison(summary: dict[str, Any], path: str) -> str:
+    """Three panels: the true held-out greedy accuracy per training step of PPO (learned
+    reward) and of each DPO arm; the held-out pair accuracy of the reward model and of each
+    arm's implicit reward; each arm's chosen and rejected completion log-probs on its training
+    pairs. Writes the PNG to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ppo, arms, rm = summary["ppo"], summary["dpo"], summary["reward_model"]
+    n = summary["args"]["eval_problems"]
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(16, 4.2), constrained_layout=True)
+    curves = [("SFT -> RM -> PPO", ppo["true_accuracy"])]
+    curves += [(f"SFT -> DPO, lr {a['lr']:g}", a["true_accuracy"]) for a in arms]
+    for label, points in curves:
+        steps, acc = zip(*points)
+        se = [100 * math.sqrt(a * (1 - a) / n) for a in acc]
+        left.errorbar(steps, [100 * a for a in acc], yerr=se, marker="o", capsize=3, label=label)
+    left.set_xlabel("training step (PPO: 4 problems x 8 samples; DPO: 16 pairs)")
+    left.set_ylabel(f"true held-out greedy accuracy, % ({n} problems)")
+    left.set_ylim(0, 100)
+    left.legend()
+    bars = {"RM\nbefore": rm["eval_accuracy_before"], "RM\nafter": rm["eval_accuracy"]}
+    # DPO's implicit reward starts at 0 accuracy (pi = pi_ref: every pair a tie)
+    for a in arms:
+        bars[f"DPO {a['lr']:g}\nafter"] = a["held_out_pairs"][-1]["eval/accuracy"]
+    colors = ["C0", "C0"] + [f"C{i + 1}" for i in range(len(arms))]  # as the curves
+    mid.bar(list(bars), [100 * v for v in bars.values()], color=colors)
+    mid.set_ylabel(f"held-out pair accuracy, % ({rm['eval_pairs']:.0f} pairs)")
+    mid.set_ylim(0, 100)
+    for i, a in enumerate(arms):
+        steps, chosen, rejected = zip(*a["train_logps"])
+        right.plot(steps, chosen, color=f"C{i + 1}", label=f"lr {a['lr']:g} chosen")
+        right.plot(steps, rejected, color=f"C{i + 1}", ls="--", label=f"lr {a['lr']:g} rejected")
+    right.set_xlabel("DPO step")
+    right.set_ylabel("summed completion log-prob (training pairs)")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,6 +561,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-problems", type=int, default=256, help="held-out problems")
     p.add_argument("--rm", nargs="*", default=[], help="extra train_rm KEY=VALUE overrides")
     p.add_argument("--ppo", nargs="*", default=[], help="extra PPO KEY=VALUE overrides")
+    p.add_argument("--dpo", action="store_true", help="also SFT -> DPO on the same pairs")
+    p.add_argument(
+        "--dpo-lr", type=float, nargs="+", default=None, help="DPO lr, one arm each (--rm-lr)"
+    )
+    p.add_argument("--dpo-beta", type=float, default=0.1, help="DPO beta")
+    p.add_argument("--dpo-args", nargs="*", default=[], help="extra train_dpo KEY=VALUE overrides")
+    p.add_argument("--plot", default=None, help="with --dpo: write the comparison PNG here")
     args = p.parse_args(argv)
     if args.tiny:
         for key, value in TINY.items():
@@ -383,6 +577,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     else:
         args.ppo = [*DEFAULT_PPO, *args.ppo]
     return args
+
+
+def print_dpo(arm: dict, rm: dict) -> None:
+    pairs = arm["held_out_pairs"]
+    print(
+        f"[DPO] SFT -> DPO (lr {arm['lr']:g}) on the same pairs: held-out pair accuracy "
+        f"(implicit reward) {pairs[0]['eval/accuracy']:.3f} -> {pairs[-1]['eval/accuracy']:.3f} "
+        f"on {arm['eval_pairs']:.0f} pairs (reward model: {rm['eval_accuracy']:.3f}), "
+        f"{arm['steps']} steps ({arm['seconds']:.0f} s); TRUE held-out greedy accuracy "
+        + ", ".join(f"step {s}: {a:.3f}" for s, a in arm["true_accuracy"]),
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -395,7 +601,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label = digit_share_label if args.tiny else checker_label
     sft = None
     if args.sft_steps > 0:
-        sft = run_sft(args, out_dir)
+        sft = cached_stage(out_dir, "sft", lambda: run_sft(args, out_dir))
         print(
             f"[0/3] SFT: held-out loss {sft['eval_loss_before']:.3f} -> {sft['eval_loss']:.3f} "
             f"nats per answer token (perplexity {sft['eval_perplexity']:.3f}), {sft['steps']} "
@@ -405,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.policy = sft["path"]  # the policy, the KL reference and the reward model's body
     if args.rm_base is None:
         args.rm_base = args.policy
-    pairs = collect_pairs(args, out_dir, label)
+    pairs = cached_stage(out_dir, "pairs", lambda: collect_pairs(args, out_dir, label))
     print(
         f"[1/3] pairs: {pairs['problems']} problems x {args.samples + 1} answers, "
         f"{pairs['labelled_right']}/{pairs['samples']} labelled right by "
@@ -415,14 +621,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if pairs["train_pairs"] == 0:
         raise SystemExit("no preference pairs: every problem's answers were labelled alike")
-    rm = train_reward_model(args, out_dir)
+    rm = cached_stage(out_dir, "reward_model", lambda: train_reward_model(args, out_dir))
     print(
         f"[2/3] reward model: held-out pair accuracy {rm['eval_accuracy_before']:.3f} -> "
         f"{rm['eval_accuracy']:.3f} on {rm['eval_pairs']:.0f} pairs, {rm['steps']} steps "
         f"({rm['seconds']:.0f} s)",
         flush=True,
     )
-    ppo = run_ppo(args, out_dir, rm["path"])
+    ppo = cached_stage(out_dir, "ppo", lambda: run_ppo(args, out_dir, rm["path"]))
     gap = reward_gap(ppo["per_step"], window=max(1, min(3, len(ppo["per_step"]) // 3)))
     acc = ppo["true_accuracy"]
     print(
@@ -448,8 +654,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "reward_model": rm,
         "ppo": ppo,
         "gap": gap,
-        "seconds": time.perf_counter() - t0,
     }
+    if args.dpo:
+        summary["dpo"] = []
+        for lr in args.dpo_lr or [args.rm_lr]:
+            summary["dpo"].append(dpo_arm(args, out_dir, pairs["train_pairs"], lr))
+            print_dpo(summary["dpo"][-1], rm)
+        if args.plot:
+            print(f"plot: {plot_comparison(summary, args.plot)}")
+    summary["seconds"] = time.perf_counter() - t0
     with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
     print(f"summary: {os.path.join(out_dir, 'summary.json')}")

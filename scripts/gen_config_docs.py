@@ -1,6 +1,6 @@
 """Generate the configuration reference in docs/configuration.md from the dataclass metadata.
 
-Every key of :class:`areal_m2po.api.cli_args.PPOConfig` (and of ``RWConfig`` and ``SFTConfig``), section by section,
+Every key of :class:`areal_m2po.api.cli_args.PPOConfig` (and of ``RWConfig``, ``SFTConfig`` and ``DPOConfig``), section by section,
 as :func:`areal_m2po.api.config_schema.config_keys` yields it (the records ``--help`` prints too):
 dotted key, type, default (the effective one in a run, as ``--print-config`` shows it), choices
 and help; this script owns only the Markdown layout. The reference replaces whatever lies between the two marker lines of docs/configuration.md; the
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from areal_m2po.api.cli_args import PPOConfig, RWConfig, SFTConfig
+from areal_m2po.api.cli_args import DPOConfig, PPOConfig, RWConfig, SFTConfig
 from areal_m2po.api.config_schema import ConfigKey, class_summary, config_keys
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -28,7 +28,9 @@ RW_BEGIN = "<!-- BEGIN GENERATED RW REFERENCE (scripts/gen_config_docs.py) -->"
 RW_END = "<!-- END GENERATED RW REFERENCE -->"
 SFT_BEGIN = "<!-- BEGIN GENERATED SFT REFERENCE (scripts/gen_config_docs.py) -->"
 SFT_END = "<!-- END GENERATED SFT REFERENCE -->"
-_ROOT_COMMANDS = {RWConfig: "train_rm", SFTConfig: "train_sft"}
+DPO_BEGIN = "<!-- BEGIN GENERATED DPO REFERENCE (scripts/gen_config_docs.py) -->"
+DPO_END = "<!-- END GENERATED DPO REFERENCE -->"
+_ROOT_COMMANDS = {RWConfig: "train_rm", SFTConfig: "train_sft", DPOConfig: "train_dpo"}
 TABLE_HEAD = ["| key | type | default | choices | description |", "|---|---|---|---|---|"]
 
 
@@ -96,8 +98,9 @@ def render_reference(cls: type = PPOConfig) -> str:
     """The generated reference (the text between the markers, markers excluded).
 
     ``PPOConfig`` (``python -m areal_m2po.train``), ``RWConfig`` (``python -m
-    areal_m2po.train_rm``) or ``SFTConfig`` (``python -m areal_m2po.train_sft``); the last two
-    are rendered one heading level down.
+    areal_m2po.train_rm``), ``SFTConfig`` (``python -m areal_m2po.train_sft``) or ``DPOConfig``
+    (``python -m areal_m2po.train_dpo``); all but the first are rendered one heading level
+    down.
     """
     if cls is PPOConfig:
         level = "###"
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         updated = splice(updated, render_reference(RWConfig), RW_BEGIN, RW_END)
     if SFT_BEGIN in updated:
         updated = splice(updated, render_reference(SFTConfig), SFT_BEGIN, SFT_END)
+    if DPO_BEGIN in updated:
+        updated = splice(updated, render_reference(DPOConfig), DPO_BEGIN, DPO_END)
     if args.check:
         if updated != current:
             print(f"{args.path} is out of date: run python scripts/gen_config_docs.py")

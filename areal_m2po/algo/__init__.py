@@ -15,12 +15,15 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.normalization`: group / batch normalisation of rewards and advantages;
 * :mod:`~areal_m2po.algo.reward_shaping`: reward transform and the DAPO overlong penalty;
 * :mod:`~areal_m2po.algo.kl`: the k1/k2/k3 KL estimators;
+* :mod:`~areal_m2po.algo.distill`: on-policy distillation's reverse-KL advantage and its mix
+  with the task advantage;
 * :mod:`~areal_m2po.algo.logp_mismatch`: the training-inference mismatch figures;
 * :mod:`~areal_m2po.algo.bradley_terry`: the reward model's pairwise loss;
 * :mod:`~areal_m2po.algo.sft_loss`: the supervised fine-tuning loss;
 * :mod:`~areal_m2po.algo.logprobs`: chunked per-token log-probs and entropy from logits;
 * :mod:`~areal_m2po.algo.options`: the option values (choice lists) and the rejection-sampling
   options' rule, torch-free, which the config tree offers as its choices;
+* :mod:`~areal_m2po.algo.dpo`: the DPO / IPO preference loss and its pair log-ratios;
 * :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
   argument checks the modules above share;
 * :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one

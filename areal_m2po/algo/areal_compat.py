@@ -3,12 +3,14 @@
 Code ported from AReaL keeps its calls: ``ppo_actor_loss_fn`` (the loss options as keywords,
 AReaL's argument names ``logprobs`` / ``proximal_logprobs`` / ``old_logprobs``),
 ``sapo_loss_fn`` (``old_logprobs`` there is the proximal policy, as in AReaL),
-``ppo_critic_loss_fn``, and the M2PO helpers ``_apply_m2po_masking`` and
+``ppo_critic_loss_fn``, AReaL's DPO functions ``dpo_pair_logratios`` (its packed layout) and
+``dpo_preference_loss``, and the M2PO helpers ``_apply_m2po_masking`` and
 ``_get_m2po_loss_mask`` (importable from :mod:`areal_m2po.trainer.ppo.actor` too, where AReaL
 defines them). Each is a thin call into the module that owns the concept; new code calls those
 directly (:func:`~areal_m2po.algo.ppo_loss.ppo_actor_loss`,
 :func:`~areal_m2po.algo.sapo_loss.sapo_loss`,
-:func:`~areal_m2po.algo.critic_loss.ppo_critic_loss`, :func:`~areal_m2po.algo.m2po.m2po_mask`).
+:func:`~areal_m2po.algo.critic_loss.ppo_critic_loss`, :func:`~areal_m2po.algo.m2po.m2po_mask`,
+:mod:`~areal_m2po.algo.dpo`).
 The module imports only torch and :mod:`areal_m2po.algo`; it keeps no state.
 """
 
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.algo import m2po
+from areal_m2po.algo import dpo, m2po
 from areal_m2po.algo.critic_loss import ppo_critic_loss
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.rejection_sampling import RejectionSampling
@@ -29,6 +31,8 @@ from areal_m2po.algo.sapo_loss import sapo_loss
 __all__ = [
     "_apply_m2po_masking",
     "_get_m2po_loss_mask",
+    "dpo_pair_logratios",
+    "dpo_preference_loss",
     "ppo_actor_loss_fn",
     "ppo_critic_loss_fn",
     "sapo_loss_fn",
@@ -109,3 +113,58 @@ def _apply_m2po_masking(
     statistics, with AReaL's name ``old_logp`` for its ``behave_logp`` (the other arguments are
     the same)."""
     return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]
+
+
+def dpo_pair_logratios(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    loss_mask: torch.Tensor,
+    valid_pairs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AReaL's ``dpo_pair_logratios`` on its packed layout: each sequence's summed
+    completion log-probs under the policy and the reference, and its completion tokens, in
+    pairs (:func:`~areal_m2po.algo.dpo.dpo_pair_logratios` on the padded layout).
+
+    Args:
+        logprobs, ref_logprobs: float ``[N]``, the sequences packed one after the other,
+            interleaved ``[chosen_0, rejected_0, chosen_1, ...]``; position ``t`` holds the
+            log-prob of token ``t + 1`` (next-token layout).
+        cu_seqlens: int ``[2P + 1]`` sequence boundaries in the packed tensors.
+        loss_mask: bool ``[N]``, True on the completion tokens (token layout: it is shifted
+            by one to meet the log-probs, and each sequence's last position is dropped).
+        valid_pairs: bool ``[P]``, the pairs to keep (e.g. not padding).
+
+    Returns:
+        ``(policy_logps, ref_logps, completion_lens)``, float64 ``[K, 2]`` each (``K`` valid
+        pairs; column 0 chosen, column 1 rejected).
+    """
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    shifted = torch.zeros_like(loss_mask, dtype=torch.bool)
+    shifted[:-1] = loss_mask[1:].bool()
+    keep = valid_pairs.bool().repeat_interleave(2).tolist()
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        # the valid sequences, one per row, right-padded; a sequence's last position predicts
+        # nothing, so it is left out
+        parts = [p[:-1] for p, k in zip(torch.split(x, lengths), keep) if k]
+        if not parts:
+            return x.new_zeros(0, 1)
+        return torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)
+
+    mask = rows(shifted)
+    if mask.shape[0] == 0:
+        empty = torch.zeros(0, 2, dtype=torch.float64, device=logprobs.device)
+        return empty, empty.clone(), empty.clone()
+    lens = mask.sum(-1).double().view(-1, 2)
+    policy = torch.where(mask, rows(logprobs).double(), 0.0).sum(-1).view(-1, 2)
+    ref = torch.where(mask, rows(ref_logprobs).double(), 0.0).sum(-1).view(-1, 2)
+    return policy, ref, lens
+
+
+def dpo_preference_loss(
+    logits: torch.Tensor, *, beta: float, loss_type: str = "sigmoid"
+) -> torch.Tensor:
+    """AReaL's ``dpo_preference_loss``: :func:`~areal_m2po.algo.dpo.dpo_preference_loss`
+    without label smoothing (``logits`` per token for ``ipo``), float32 ``[P]``."""
+    return dpo.dpo_preference_loss(logits.float(), beta=beta, loss_type=loss_type)

@@ -8,6 +8,9 @@ The trainer runs every step as named phases and reports them to its callbacks, i
       generate -> prox -> ref -> advantages -> update -> sync   (each: on_phase_begin/end)
     on_step_end(step, stats)
 
+``teacher`` (the teacher's log-probs of on-policy distillation, with a ``teacher`` section)
+runs between ``ref`` and ``advantages``.
+
 ``mismatch`` (the trainer's log-probs of the batch just generated, when
 ``rollout.logp_mismatch_freq`` is due) runs between ``generate`` and ``prox``.
 
@@ -26,7 +29,17 @@ from collections.abc import Iterator, Sequence
 
 __all__ = ["PHASES", "Phases", "StepCallback"]
 
-PHASES = ("generate", "mismatch", "prox", "ref", "advantages", "update", "sync", "m2po")
+PHASES = (
+    "generate",
+    "mismatch",
+    "prox",
+    "ref",
+    "teacher",
+    "advantages",
+    "update",
+    "sync",
+    "m2po",
+)
 """The phase names the trainer and the actor report."""
 
 

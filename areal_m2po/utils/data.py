@@ -67,18 +67,23 @@ def seq_lengths(batch: Batch) -> torch.Tensor:
 
 
 def split_microbatches(
-    batch: Batch, n_mbs: int = 1, max_tokens_per_mb: int | None = None
+    batch: Batch, n_mbs: int = 1, max_tokens_per_mb: int | None = None, group_size: int = 1
 ) -> list[torch.Tensor]:
     """Row indices of each micro-batch.
 
-    Rows are sorted by length (so a micro-batch pads little) and cut into at least ``n_mbs``
-    pieces, more where the padded size ``rows x longest row`` would exceed
-    ``max_tokens_per_mb``. A single row longer than the budget gets a micro-batch of its own.
+    The rows are taken in groups of ``group_size`` consecutive rows that always share a
+    micro-batch (e.g. a preference pair's chosen and rejected rows: ``group_size=2``); a group
+    counts as long as its longest row. Groups are sorted by length (so a micro-batch pads
+    little) and cut into at least ``n_mbs`` pieces, more where the padded size ``rows x longest
+    row`` would exceed ``max_tokens_per_mb``. A single group longer than the budget gets a
+    micro-batch of its own. Each micro-batch lists its rows in ascending order.
     """
     n = batch_size(batch)
     if n == 0:
         return []
-    lengths = seq_lengths(batch)
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"{n} rows do not split into groups of group_size={group_size}")
+    lengths = seq_lengths(batch).view(-1, group_size).max(-1).values
     order = torch.argsort(lengths, descending=True, stable=True)
     groups: list[list[int]] = []
     if max_tokens_per_mb is not None:
@@ -86,7 +91,7 @@ def split_microbatches(
         longest = 0
         for i in order.tolist():
             cand_longest = max(longest, int(lengths[i]))
-            if current and cand_longest * (len(current) + 1) > max_tokens_per_mb:
+            if current and cand_longest * group_size * (len(current) + 1) > max_tokens_per_mb:
                 groups.append(current)
                 current, cand_longest = [], int(lengths[i])
             current.append(i)
@@ -95,14 +100,17 @@ def split_microbatches(
             groups.append(current)
     else:
         groups = [order.tolist()]
-    # split the largest groups until there are at least n_mbs (never more than n rows)
-    target = min(max(n_mbs, len(groups)), n)
+    # split the largest pieces until there are at least n_mbs (never more than the groups)
+    target = min(max(n_mbs, len(groups)), len(lengths))
     while len(groups) < target:
         big = max(range(len(groups)), key=lambda j: len(groups[j]))
         g = groups.pop(big)
         half = (len(g) + 1) // 2
         groups[big:big] = [g[:half], g[half:]]
-    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
+    rows = [
+        sorted(r for i in g for r in range(i * group_size, (i + 1) * group_size)) for g in groups
+    ]
+    return [torch.tensor(r, dtype=torch.long) for r in rows]
 
 
 def trim_columns(batch: Batch) -> tuple[Batch, int, int]:

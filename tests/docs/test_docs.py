@@ -153,6 +153,18 @@ def test_m2po_doc_states_the_warning_as_implemented(caplog):
     assert any("raise it" in r.getMessage() for r in caplog.records)
 
 
+def test_m2po_doc_quotes_the_trust_region_warnings():
+    """docs/m2po.md's "Which loss terms act" shows the start-up lines as the trainer writes them."""
+    from areal_m2po.trainer.ppo.trust_region import trust_region_warnings
+
+    text = (DOCS / "m2po.md").read_text(encoding="utf-8")
+    uncorrected = ActorConfig(recompute_logprob=True, use_decoupled_loss=False, m2_threshold=0.04)
+    decoupled = ActorConfig(recompute_logprob=True, use_decoupled_loss=True, m2_threshold=0.04)
+    for actor in (uncorrected, decoupled):
+        (line,) = trust_region_warnings(actor, 1)
+        assert f"\n{line}\n" in text, line
+
+
 def test_m2po_doc_threshold_advice_matches_defaults():
     text = (DOCS / "m2po.md").read_text(encoding="utf-8")
     assert PPOConfig().actor.m2_threshold == 0.04

@@ -46,7 +46,14 @@ def test_reward_gap_by_hand(ex):
     assert (gap["corr_first"], gap["corr_last"]) == (0.5, 0.1)
 
 
-def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """The output directory the tiny runs below share (a rerun reuses finished stages)."""
+    return tmp_path_factory.mktemp("rlhf_tiny")
+
+
+def test_tiny_run_goes_through_all_three_stages(ex, tiny_dir, capsys):
+    tmp_path = tiny_dir
     summary = ex["main"](["--tiny", "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "[0/3] SFT" in out
@@ -70,3 +77,32 @@ def test_tiny_run_goes_through_all_three_stages(ex, tmp_path, capsys):
     assert cfg["reward"]["model"]["verifiable_weight"] == 0.0
     assert cfg["actor"]["path"] == sft["path"]  # PPO starts from (and stays near) the SFT model
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_tiny_dpo_arms_on_the_same_pairs(ex, tiny_dir, capsys):
+    """--dpo on a finished run: the earlier stages are read back, not run again; each DPO arm
+    trains the SFT model on the reward model's pairs and is measured by the PPO run's own
+    evaluation (the SFT model reads as PPO's step 0)."""
+    plot = tiny_dir / "comparison.png"
+    argv = ["--tiny", "--output-dir", str(tiny_dir), "--dpo", "--dpo-lr", "1e-3", "1e-4"]
+    summary = ex["main"]([*argv, "--plot", str(plot)])
+    out = capsys.readouterr().out
+    sft, ppo = summary["sft"], summary["ppo"]
+    assert [a["name"] for a in summary["dpo"]] == ["dpo", "dpo_lr0.0001"]  # 1e-3: the RM's lr
+    for arm in summary["dpo"]:
+        cfg = yaml.safe_load((tiny_dir / arm["name"] / "config.yaml").read_text())
+        assert cfg["model"]["path"] == sft["path"]  # DPO starts from the SFT model ...
+        assert cfg["model"]["optimizer"]["lr"] == arm["lr"]
+        assert cfg["train_dataset"]["path"] == str(tiny_dir / "pairs" / "train.jsonl")  # RM's
+        assert cfg["valid_dataset"]["path"] == str(tiny_dir / "pairs" / "valid.jsonl")
+        assert arm["eval_pairs"] == summary["pairs"]["valid_pairs"]
+        held = arm["held_out_pairs"]
+        assert held[0]["step"] == 0 and held[0]["eval/accuracy"] == 0.0  # pi = pi_ref: ties
+        assert [s for s, _ in arm["true_accuracy"]] == [0, arm["half"], arm["steps"]]
+        assert arm["true_accuracy"][0][1] == ppo["true_accuracy"][0][1]  # one measurement
+        assert [r[0] for r in arm["train_logps"]] == list(range(1, arm["steps"] + 1))
+        assert (Path(arm["path"]) / "model.safetensors").is_file()
+    assert out.count("[DPO] SFT -> DPO") == 2 and plot.is_file()
+    assert "sft: finished in an earlier run" in out and "ppo: finished in an earlier run" in out
+    again = ex["main"](argv)  # every stage finished: read back
+    assert again["dpo"] == summary["dpo"]

@@ -154,3 +154,31 @@ def test_split_microbatches_token_budget():
         assert longest * len(grp) <= 20 or len(grp) == 1
     assert len(split_microbatches(batch, n_mbs=4)) == 4
     assert len(split_microbatches(batch, n_mbs=10)) == 6
+
+
+def test_split_microbatches_keeps_row_groups_together():
+    """group_size=2: rows 2i and 2i + 1 always share a micro-batch, under a token budget (a
+    group counts at its longest row) and when split to reach n_mbs; group_size=1 is the
+    row-wise split."""
+    lengths = [10, 3, 2, 7, 9, 2, 4, 4]
+    attn = torch.zeros(8, 10, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        attn[i, :n] = True
+    batch = {"input_ids": torch.zeros(8, 10, dtype=torch.long), "attention_mask": attn}
+    for kwargs in ({"max_tokens_per_mb": 20}, {"n_mbs": 3}, {"n_mbs": 9}, {"n_mbs": 1}):
+        groups = split_microbatches(batch, group_size=2, **kwargs)
+        rows = [[int(i) for i in g] for g in groups]
+        assert sorted(r for g in rows for r in g) == list(range(8)), kwargs
+        for g in rows:
+            assert g == sorted(g) and all(
+                g[k] % 2 == 0 and g[k + 1] == g[k] + 1 for k in range(0, len(g), 2)
+            )
+    budget = split_microbatches(batch, max_tokens_per_mb=20, group_size=2)
+    # pair lengths 10, 7, 9, 4: each pair alone or [7, 4] within 2 x 2 x 7 = 28 > 20 -> alone
+    assert [g.tolist() for g in budget] == [[0, 1], [4, 5], [2, 3], [6, 7]]
+    assert len(split_microbatches(batch, n_mbs=9, group_size=2)) == 4
+    assert [g.tolist() for g in split_microbatches(batch, max_tokens_per_mb=20)] == [
+        g.tolist() for g in split_microbatches(batch, max_tokens_per_mb=20, group_size=1)
+    ]
+    with pytest.raises(ValueError, match="8 rows do not split into groups of group_size=3"):
+        split_microbatches(batch, group_size=3)

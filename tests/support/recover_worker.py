@@ -1,8 +1,8 @@
 """Train from a config file and SIGKILL this process right after the recover checkpoint of a
 given step is written (a crash with no clean-up at all), for the exact-resume tests of the RL
-trainer (``rl``, the default) and the SFT trainer (``sft``).
+trainer (``rl``, the default), the SFT trainer (``sft``) and the DPO trainer (``dpo``).
 
-    python tests/support/recover_worker.py CONFIG.yaml KILL_AFTER_STEP [rl|sft]
+    python tests/support/recover_worker.py CONFIG.yaml KILL_AFTER_STEP [rl|sft|dpo]
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ import sys
 
 
 def main(config_path: str, kill_after: int, trainer: str = "rl") -> int:
-    from areal_m2po.api.cli_args import PPOConfig, SFTConfig
+    from areal_m2po.api.cli_args import DPOConfig, PPOConfig, SFTConfig
     from areal_m2po.api.config_loader import load_config
-    from areal_m2po.trainer import rl_trainer, sft_trainer
+    from areal_m2po.trainer import dpo_trainer, rl_trainer, sft_trainer
     from areal_m2po.trainer.step_loop import RecoverableStepLoop
 
-    module, config_cls = {"rl": (rl_trainer, PPOConfig), "sft": (sft_trainer, SFTConfig)}[trainer]
+    module, config_cls = {
+        "rl": (rl_trainer, PPOConfig),
+        "sft": (sft_trainer, SFTConfig),
+        "dpo": (dpo_trainer, DPOConfig),
+    }[trainer]
     real_save = RecoverableStepLoop.save_checkpoint
 
     def save_then_die(self: RecoverableStepLoop) -> str:

@@ -41,3 +41,42 @@ def make_cfg(tmp_path, name="run", steps=4, staleness=1, **kw) -> PPOConfig:
     )
     fields.update(kw)
     return PPOConfig(**fields)
+
+
+def tiny_overrides(run_dir, steps: int = 2, lr: float = 1e-2) -> list[str]:
+    """Command-line overrides that shrink any shipped RL config to ``steps`` steps of the tiny
+    model on the built-in arithmetic task with the dense toy reward: 4 prompts x 4 samples of
+    at most 8 tokens, no evaluation, saves or recover checkpoints, writing to ``run_dir``.
+
+    ``lr`` is large (1e-2) on purpose: one optimizer step moves the tiny policy far enough
+    that a batch one version stale has ratios outside a 0.2 clip range and an m2 above 0.04,
+    so every loss term that can act does."""
+    return [
+        f"output_dir={run_dir}",
+        f"total_train_steps={steps}",
+        "total_train_epochs=1",
+        "num_threads=1",
+        "actor.path=builtin:tiny",
+        "actor.dtype=float32",
+        "actor.gradient_checkpointing=false",
+        f"actor.optimizer.lr={lr}",
+        "actor.optimizer.warmup_steps_proportion=0",
+        "tokenizer_path=null",
+        "gconfig.n_samples=4",
+        "gconfig.max_new_tokens=8",
+        "train_dataset.path=builtin:arithmetic",
+        "train_dataset.batch_size=4",
+        "train_dataset.max_samples=64",
+        "valid_dataset.path=builtin:arithmetic",
+        "valid_dataset.batch_size=8",
+        "valid_dataset.max_samples=8",
+        "reward.path=toy_rewards:digit_fraction",
+        "evaluator.freq_steps=null",
+        "evaluator.eval_at_start=false",
+        "evaluator.eval_at_end=false",
+        "saver.freq_steps=null",
+        "saver.save_at_end=false",
+        "recover.mode=disabled",
+        "stats_logger.progress_bar=false",
+        "stats_logger.wandb.mode=disabled",
+    ]

@@ -12,6 +12,7 @@ from areal_m2po.api import cli_args
 from areal_m2po.api.cli_args import (
     ActorConfig,
     ConfigError,
+    DPOConfig,
     GenerationConfig,
     NormConfig,
     PPOActorConfig,
@@ -318,7 +319,9 @@ def test_python_construction_validates(kwargs: dict, key: str) -> None:
     assert info.value.key == key
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig, SFTConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "root", [PPOConfig, RWConfig, SFTConfig, DPOConfig], ids=lambda c: c.__name__
+)
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -341,7 +344,7 @@ def test_both_roots_check_the_run_keys_alike(root: type, kwargs: dict, message: 
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig, DPOConfig], ids=lambda c: c.__name__)
 def test_both_roots_derive_output_dir_from_the_names(root: type) -> None:
     assert root(experiment_name="e", trial_name="t").output_dir == "outputs/e/t"
     assert root(experiment_name="e", output_dir="out").output_dir == "out"
@@ -358,6 +361,8 @@ def test_both_roots_derive_output_dir_from_the_names(root: type) -> None:
         # required sections are checked before the nullable ones, whatever the field order
         (RWConfig, {"valid_dataset": 1, "evaluator": 2}, "evaluator: must be a EvaluatorConfig"),
         (SFTConfig, {"valid_dataset": 1, "recover": 2}, "recover: must be a RecoverConfig"),
+        (DPOConfig, {"model": RWModelConfig()}, "model: must be a TrainEngineConfig section"),
+        (DPOConfig, {"valid_dataset": 3}, "valid_dataset: must be a PreferenceDatasetConfig"),
     ],
 )
 def test_roots_check_their_sections(root: type, kwargs: dict, message: str) -> None:
@@ -366,7 +371,7 @@ def test_roots_check_their_sections(root: type, kwargs: dict, message: str) -> N
     assert str(info.value).startswith(message)
 
 
-@pytest.mark.parametrize("root", [RWConfig, SFTConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [RWConfig, SFTConfig, DPOConfig], ids=lambda c: c.__name__)
 def test_nullable_sections_accept_null(root: type) -> None:
     assert root(valid_dataset=None).valid_dataset is None
 
@@ -469,6 +474,7 @@ def test_expected_config_files_exist() -> None:
         "gsm8k_m2po.yaml",
         "grpo_baseline.yaml",
         "sapo_m2po.yaml",
+        "m2po_stale.yaml",
     } <= names
 
 
@@ -514,3 +520,63 @@ def test_grpo_baseline_and_sapo_yaml() -> None:
     sapo = load_config(["--config", str(CONFIGS / "sapo_m2po.yaml")])
     assert sapo.actor.use_sapo_loss and sapo.actor.m2_threshold is not None
     assert not sapo.actor.use_decoupled_loss
+    # the gate needs a ratio that can leave 1: more than one optimizer step per batch
+    assert sapo.actor.ppo_n_minibatches > 1
+
+
+def test_grpo_baseline_is_the_study_grpo_arm() -> None:
+    """The shipped clipped-GRPO baseline sets the loss keys of the stale-data study's GRPO arm
+    (research/stale_study/arms.yaml), the demo's defaults for everything else."""
+    import yaml
+
+    arms = yaml.safe_load((CONFIGS.parent / "research" / "stale_study" / "arms.yaml").read_text())
+    overrides = [
+        f"{k}={'null' if v is None else v}" for k, v in arms["arms"]["grpo"]["overrides"].items()
+    ]
+    grpo = load_config(["--config", str(CONFIGS / "grpo_baseline.yaml")])
+    arm = load_config([f"experiment_name={grpo.experiment_name}", *overrides])
+    assert grpo == arm
+    assert not grpo.actor.recompute_logprob and grpo.actor.eps_clip == 0.2
+
+
+def test_m2po_stale_yaml_is_the_demo_four_versions_stale() -> None:
+    stale = load_config(["--config", str(CONFIGS / "m2po_stale.yaml")])
+    demo = load_config(["experiment_name=m2po-stale", "rollout.staleness=4"])
+    assert stale == demo
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beta": 0.0}, "beta: must be > 0, got 0.0"),
+        ({"beta": -0.1}, "beta: must be > 0, got -0.1"),
+        ({"beta": float("inf")}, "beta: must be finite, got inf"),
+        ({"label_smoothing": 0.5}, "label_smoothing: must be < 0.5, got 0.5"),
+        ({"label_smoothing": -0.01}, "label_smoothing: must be >= 0, got -0.01"),
+        ({"loss_type": "hinge"}, "loss_type: must be one of ['sigmoid', 'ipo'], got 'hinge'"),
+        (
+            {"loss_type": "ipo", "label_smoothing": 0.1},
+            "label_smoothing: must be 0 with loss_type=ipo (got 0.1); label smoothing is a "
+            "sigmoid-loss option",
+        ),
+        ({"ref_path": ""}, "ref_path: must not be empty (null means the start model)"),
+        ({"max_length": 1}, "max_length: must be >= 2, got 1"),
+    ],
+)
+def test_dpo_config_checks(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        DPOConfig(**kwargs)
+    assert str(info.value) == message
+
+
+def test_dpo_config_requires_its_training_pairs_at_run_time() -> None:
+    cfg = DPOConfig()  # --help and --print-config work without a dataset
+    with pytest.raises(ConfigError, match="train_dataset.path: must be set"):
+        cfg.check_required()
+    cfg = DPOConfig(
+        train_dataset=PreferenceDatasetConfig(path="t.jsonl"),
+        valid_dataset=PreferenceDatasetConfig(),
+    )
+    with pytest.raises(ConfigError, match="valid_dataset.path: must be set when valid_dataset"):
+        cfg.check_required()
+    assert DPOConfig(loss_type="ipo").label_smoothing == 0.0

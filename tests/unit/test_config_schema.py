@@ -13,6 +13,7 @@ import pytest
 
 from areal_m2po.api.cli_args import (
     ActorConfig,
+    DPOConfig,
     PPOConfig,
     RejectionSamplingConfig,
     RWConfig,
@@ -44,7 +45,7 @@ def _dotted_keys(cls: type, prefix: str = "") -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig, DPOConfig], ids=lambda c: c.__name__)
 def test_one_record_per_key(root: type) -> None:
     assert set(_records(root)) == _dotted_keys(root)
 
@@ -119,7 +120,7 @@ def _live_value(cfg: Any, record: ConfigKey) -> Any:
     return getattr(node, record.key.rsplit(".", 1)[-1])
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig, DPOConfig], ids=lambda c: c.__name__)
 def test_default_texts_read_back_as_the_loaded_defaults(root: type) -> None:
     """Each leaf's default text is YAML that reads back as the value a run without --config
     holds (output_dir aside: derived from the names after loading)."""
@@ -142,7 +143,7 @@ def test_value_text() -> None:
     assert value_text(REQUIRED) == "required"
 
 
-@pytest.mark.parametrize("root", [PPOConfig, RWConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("root", [PPOConfig, RWConfig, DPOConfig], ids=lambda c: c.__name__)
 def test_help_and_reference_render_the_same_records(root: type) -> None:
     gen = runpy.run_path(str(REPO / "scripts" / "gen_config_docs.py"), run_name="gen")
     help_text = format_help(root)

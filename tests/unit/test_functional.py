@@ -717,6 +717,8 @@ def test_areal_compat_names_call_the_owning_modules():
         [
             "_apply_m2po_masking",
             "_get_m2po_loss_mask",
+            "dpo_pair_logratios",
+            "dpo_preference_loss",
             "ppo_actor_loss_fn",
             "ppo_critic_loss_fn",
             "sapo_loss_fn",

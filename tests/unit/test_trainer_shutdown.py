@@ -1,4 +1,4 @@
-"""Every trainer (RL, SFT, reward model) ends through one shutdown, StepLoop.close: the loggers,
+"""Every trainer (RL, SFT, reward model, DPO) ends through one shutdown, StepLoop.close: the loggers,
 the accelerator's references, then ``dist.end_process_group`` (the RL trainer closes its
 rollout side and reward runner first, even when the rollout side fails to close). The trainers
 are built bare (``__new__``) with recording stand-ins for what close touches; nothing runs."""
@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from areal_m2po.trainer.dpo_trainer import DPOTrainer
 from areal_m2po.trainer.rl_trainer import RLTrainer
 from areal_m2po.trainer.rw_trainer import RWTrainer
 from areal_m2po.trainer.sft_trainer import SFTTrainer
@@ -33,7 +34,7 @@ def _bare(cls: type, calls: list[str], rollout_fails: bool = False):
     return trainer
 
 
-@pytest.mark.parametrize("cls", [SFTTrainer, RWTrainer])
+@pytest.mark.parametrize("cls", [SFTTrainer, RWTrainer, DPOTrainer])
 def test_supervised_trainers_close_through_the_shared_shutdown(monkeypatch, cls):
     calls: list[str] = []
     monkeypatch.setattr(dist, "end_process_group", lambda: calls.append("end_process_group"))
