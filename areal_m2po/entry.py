@@ -20,8 +20,8 @@ from areal_m2po.api.errors import RunError
 from areal_m2po.utils.console import print_error
 
 EXIT_BAD_CONFIG = 2
-EXIT_RUN_STOPPED = 1
-"""Exit status of a run stopped by a :class:`~areal_m2po.api.errors.RunError`."""
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (SIGINT), as a shell reports a process ended by it."""
 HELP_FLAGS = ("-h", "--help")
 PRINT_CONFIG = "--print-config"
 
@@ -42,7 +42,8 @@ def config_main(
             (None counts as 0). A :class:`ConfigError` it raises exits with status 2. A
             ``"module:function"`` string names it: the module (the trainer, heavy) is imported
             only once the config is valid. A :class:`RunError` it raises is printed as one line
-            and exits with status 1.
+            and exits with the error's ``exit_status`` (1; 143 after SIGTERM); Ctrl-C prints
+            one line and exits with status 130.
         usage: the head of ``--help`` (None: the PPO trainer's).
         check_before_run: extra checks of a config that is about to train (not for
             ``--print-config``); a ``ValueError`` exits with status 2.
@@ -77,7 +78,13 @@ def config_main(
         return EXIT_BAD_CONFIG
     except RunError as exc:  # a run stopped for a stated reason (non-finite steps, ...)
         print_error(exc)
-        return EXIT_RUN_STOPPED
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print_error(
+            "interrupted (Ctrl-C); the metrics and checkpoints written so far are kept "
+            "(recover.mode=auto resumes from the last recover checkpoint)"
+        )
+        return EXIT_INTERRUPTED
     return 0 if status is None else int(status)
 
 

@@ -1434,9 +1434,11 @@ def _overwrite_output_dir_field() -> Any:
     """The ``overwrite_output_dir`` key every root config has."""
     return _field(
         False,
-        "Replace the run already in output_dir (its metrics.jsonl, checkpoints/, recover/) and "
-        "start afresh; without it a folder holding a run is resumed (recover.mode=auto) or "
-        "refused at start-up (Hugging Face Trainer's name).",
+        "Replace the run already in output_dir and start afresh: metrics.jsonl starts empty, "
+        "its recover checkpoints are deleted at this run's first one, saved models are "
+        "replaced tag by tag. Without it a folder holding a run (metrics.jsonl, checkpoints/, "
+        "recover/) is resumed (recover.mode=auto) or refused at start-up (Hugging Face "
+        "Trainer's name).",
     )
 
 

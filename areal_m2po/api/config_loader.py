@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import tempfile
 import textwrap
@@ -140,6 +141,8 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
         if (kind.is_mapping or last) and not raw.strip():
             raise ConfigError(key, "empty value (an unset shell variable?); write null to unset it")
         if kind.is_mapping and not last:  # a key inside a mapping
+            if not all(parts[depth + 1 :]):
+                raise ConfigError(key, "empty name in the dotted key")
             _set_in_mapping(node, part, parts[depth + 1 :], _parse_value(raw, FieldKind(Any, True)))
             return
         if last:
@@ -377,7 +380,12 @@ def load_config(argv: list[str] | None = None, cls: type = PPOConfig) -> Any:
     :class:`ConfigError` (a ``ValueError``) naming the full dotted key of any problem.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    files, overrides = parse_argv(args)
+    try:
+        files, overrides = parse_argv(args)
+    except ConfigError as exc:  # ``--flag`` without a value: an unknown flag is named so
+        if exc.key != "config":
+            _set_override(default_tree(cls), exc.key, "null", cls)
+        raise
     tree = default_tree(cls)
     for path in files:
         _merge_mapping(tree, _read_yaml_file(path), cls, "", cls)
@@ -432,15 +440,23 @@ def _help_lines(record: ConfigKey, wrap: textwrap.TextWrapper) -> list[str]:
     """A leaf key's head line and wrapped help, or a section's blank line, title and summary."""
     if not record.is_section:
         head = f"  {record.key} ({record.type_text('|null')}, default: {record.default_text})"
-        text = record.help
+        text = _plain(record.help)
         if record.choices is not None:
             text += " Choices: " + ", ".join(record.choice_texts) + "."
         return [head, *(wrap.wrap(text) if text else [])]
     note = ""
     if record.section_off:
         note = " Default: null (off); setting any key below creates it with these defaults."
-    about = f"{record.summary}{note}"
-    return ["", f"[{record.key}] {record.help}", *(wrap.wrap(about) if about else [])]
+    about = _plain(f"{record.summary}{note}")
+    return ["", f"[{record.key}] {_plain(record.help)}", *(wrap.wrap(about) if about else [])]
+
+
+_DOC_ROLE = re.compile(r":(?:data|class|func|meth|mod|attr):`~?([^`]+)`")
+
+
+def _plain(text: str) -> str:
+    """Docstring text for a terminal: ``:class:`X``` becomes ``X``, double backquotes go."""
+    return _DOC_ROLE.sub(r"\1", text).replace("``", "")
 
 
 def format_help(cls: type = PPOConfig, usage: str | None = None) -> str:

@@ -47,6 +47,7 @@ from areal_m2po.algo.dpo import (
     pair_sequence_logps,
 )
 from areal_m2po.api.cli_args import DPOConfig, PreferenceDatasetConfig, TrainEngineConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
@@ -361,16 +362,17 @@ class DPOTrainer(RecoverableStepLoop):
 
 
 def run(config: DPOConfig) -> int:
-    """Train with DPO as configured; returns the exit status (2: bad input, one line; 1: a
-    recover checkpoint that does not match)."""
+    """Train with DPO as configured; returns the exit status (2: bad input, one line; 1:
+    a recover checkpoint that does not match, or a run of non-finite steps; 143: stopped by
+    SIGTERM after a recover checkpoint)."""
     trainer = build_or_report(DPOTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
-    except recover.RecoverError as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

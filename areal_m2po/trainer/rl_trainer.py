@@ -37,6 +37,7 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
@@ -52,11 +53,7 @@ from areal_m2po.trainer.run_setup import (
     start_run,
     write_run_config,
 )
-from areal_m2po.trainer.step_loop import (
-    NonFiniteTrainingError,
-    RecoverableStepLoop,
-    epoch_loader,
-)
+from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch, with_current_keys
@@ -65,7 +62,7 @@ from areal_m2po.utils.imports import load_object
 
 logger = logging.getLogger("areal_m2po.trainer")
 
-__all__ = ["NonFiniteTrainingError", "RLTrainer", "run"]
+__all__ = ["RLTrainer", "run"]
 
 
 class RLTrainer(RecoverableStepLoop):
@@ -530,9 +527,9 @@ def run(config: PPOConfig) -> int:
 
     try:
         trainer.train()
-    except (recover.RecoverError, NonFiniteTrainingError) as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     except RolloutServerError as exc:
         last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
         msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"

@@ -33,6 +33,7 @@ from areal_m2po.api.cli_args import (
     RWModelConfig,
     TrainEngineConfig,
 )
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.preflight import check_batch_split
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
@@ -44,6 +45,7 @@ from areal_m2po.trainer.run_setup import (
 )
 from areal_m2po.trainer.step_loop import StepLoop, epoch_loader
 from areal_m2po.utils import dist
+from areal_m2po.utils.console import print_error
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 
@@ -302,12 +304,16 @@ class RWTrainer(StepLoop):
 
 
 def run(config: RWConfig) -> int:
-    """Train a reward model as configured; returns the exit status (2: bad input, one line)."""
+    """Train a reward model as configured; returns the exit status (2: bad input, one line;
+    1: a run of non-finite steps)."""
     trainer = build_or_report(RWTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
+    except RunError as exc:  # non-finite steps
+        print_error(exc)
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

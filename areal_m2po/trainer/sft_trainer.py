@@ -31,6 +31,7 @@ import torch
 
 from areal_m2po.algo.sft_loss import sft_nll_loss
 from areal_m2po.api.cli_args import SFTConfig, SFTDatasetConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
@@ -262,16 +263,17 @@ class SFTTrainer(RecoverableStepLoop):
 
 
 def run(config: SFTConfig) -> int:
-    """Fine-tune as configured; returns the exit status (2: bad input, one line; 1: a recover
-    checkpoint that does not match)."""
+    """Fine-tune as configured; returns the exit status (2: bad input, one line; 1:
+    a recover checkpoint that does not match, or a run of non-finite steps; 143: stopped by
+    SIGTERM after a recover checkpoint)."""
     trainer = build_or_report(SFTTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
-    except recover.RecoverError as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.errors import NonFiniteTrainingError
+from areal_m2po.api.errors import NonFiniteTrainingError, RunStopped
 from areal_m2po.utils import dist, recover
 
-__all__ = ["NonFiniteTrainingError", "RecoverableStepLoop", "StepLoop", "epoch_loader"]
+__all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader"]
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -237,12 +237,22 @@ class RecoverableStepLoop(StepLoop):
         return path is not None
 
     def train(self) -> None:
-        """Run the loop with SIGTERM turned into a checkpoint after the current step."""
+        """Run the loop with SIGTERM turned into a checkpoint after the current step.
+
+        Raises:
+            RunStopped: after that checkpoint (the run is not finished: exit status 143).
+        """
         restore_handler = recover.install_sigterm_handler(self._on_sigterm)
         try:
             self._train()
         finally:
             restore_handler()
+        if self.stop_requested:
+            raise RunStopped(
+                f"stopped by SIGTERM after step {self.step} of {self.total_steps}; its recover "
+                f"checkpoint is in {recover.recover_root(self.output_dir)}: rerun with "
+                "recover.mode=auto to continue"
+            )
 
     def _on_sigterm(self) -> None:
         self.stop_requested = True
@@ -256,6 +266,7 @@ class RecoverableStepLoop(StepLoop):
         stop = self.stop_requested
         if dist.is_distributed():  # a signal may reach only some ranks
             stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
+        self.stop_requested = stop  # every rank: no final save, the same exit status
         periodic = (
             cfg.recover.mode != "disabled" and self.step % cfg.recover.freq_steps == 0 and good
         )

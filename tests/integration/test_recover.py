@@ -201,6 +201,7 @@ def test_disabled_mode_writes_no_periodic_checkpoint_and_starts_fresh(tmp_path):
     assert [s for s, _ in recover.list_checkpoints(root)] == [1]
     # another seed: loading that checkpoint would fail, so a clean run proves none was loaded
     cfg = make_cfg(tmp_path, steps=2, staleness=0, seed=6, recover=RecoverConfig(mode="disabled"))
+    cfg.overwrite_output_dir = True  # the folder holds the first run
     assert run_cfg(cfg) == 0
     assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1, 2]
     assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched: nothing saved
@@ -269,7 +270,9 @@ def test_rng_roundtrip():
 
 
 # ----------------------------------------------------------------------------------- SIGTERM
-def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    """SIGTERM: a recover checkpoint after the current step, one line saying how to continue,
+    and the status of a process ended by SIGTERM (the run is not finished)."""
     from areal_m2po.api.config_loader import save_config
 
     cfg = make_cfg(tmp_path, steps=500, recover=RecoverConfig(mode="auto", freq_steps=1000))
@@ -289,9 +292,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 143, err[-3000:]
     steps = [r["step"] for r in read_metrics(cfg.output_dir)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 500
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: stopped by SIGTERM after step {steps[-1]} of 500; its recover checkpoint is in "
+        f"{recover.recover_root(cfg.output_dir)}: rerun with recover.mode=auto to continue"
+    ]
     found = recover.list_checkpoints(recover.recover_root(cfg.output_dir))
     assert [s for s, _ in found] == [steps[-1]]  # the step it stopped after
     assert "SIGTERM" in err
