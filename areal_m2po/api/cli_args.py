@@ -1331,7 +1331,8 @@ class RecoverConfig:
 
     mode: str = _field(
         "disabled",
-        "disabled: never resume; auto: resume if a checkpoint exists in output_dir; "
+        "disabled: never resume (an output_dir that already holds a run is refused at start-up "
+        "unless overwrite_output_dir); auto: resume if a checkpoint exists in output_dir; "
         "resume: resume and fail if there is none.",
         choices=("disabled", "auto", "resume"),
     )

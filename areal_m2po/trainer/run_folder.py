@@ -61,11 +61,18 @@ def check_output_dir(config: Any, world: int) -> None:
     if mode != "disabled":
         try:
             path = recover.checkpoint_to_resume(recover.recover_root(out), mode)
-            if path is not None:
-                _check_resumable(path, config, world)
-                return
         except recover.RecoverError as exc:
             raise ConfigError("recover.mode", str(exc)) from None
+        if path is not None:
+            try:
+                _check_resumable(path, config, world)
+            except recover.RecoverError as exc:
+                raise ConfigError(
+                    "recover.mode",
+                    f"{exc}; overwrite_output_dir=true replaces that run, or choose another "
+                    "output_dir",
+                ) from None
+            return
     if not found:
         return
     if mode != "disabled":

@@ -110,7 +110,9 @@ class StatsLogger:
         self._config_dict = config_dict or {}
 
     def start(self, resume_step: int = 0) -> None:
-        """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step."""
+        """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step and
+        continue the wandb run of ``wandb_run_id.txt``; ``0``: a fresh run (an empty
+        ``metrics.jsonl``, a new wandb run)."""
         if not self.is_main:
             return
         os.makedirs(self.output_dir, exist_ok=True)
@@ -122,7 +124,7 @@ class StatsLogger:
 
             id_file = os.path.join(self.output_dir, "wandb_run_id.txt")
             run_id = None
-            if os.path.exists(id_file):
+            if resume_step > 0 and os.path.exists(id_file):
                 with open(id_file) as fh:
                     run_id = fh.read().strip() or None
             self._wandb_run = wandb.init(
@@ -147,6 +149,9 @@ class StatsLogger:
     def _truncate_jsonl(self, resume_step: int) -> None:
         """Keep the records of steps before ``resume_step`` (a partial last line dropped)."""
         if not os.path.exists(self.path):
+            return
+        if resume_step <= 0:  # a fresh run: nothing of the old file is read or kept
+            open(self.path, "w").close()
             return
         try:
             lines = _read_lines(self.path)

@@ -188,7 +188,7 @@ def test_crash_mid_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_resume_mode_without_checkpoint_fails_clearly(tmp_path, capsys):
     cfg = make_cfg(tmp_path, steps=1, recover=RecoverConfig(mode="resume"))
-    assert run_cfg(cfg) == 1
+    assert run_cfg(cfg) == 2  # refused at start-up, before any model loads
     err = capsys.readouterr().err
     assert "recover.mode=resume" in err and "no recover checkpoint" in err
     assert recover.recover_root(cfg.output_dir) in err
@@ -244,7 +244,7 @@ def test_corrupt_or_mismatched_checkpoint_names_the_file(tmp_path, saved_checkpo
     # a different run (batch size) and a different number of processes
     new, ckpt = _copy_run(cfg, tmp_path, "other_run")
     new.train_dataset.batch_size = 8
-    assert run_cfg(new) == 1
+    assert run_cfg(new) == 2  # meta.json is checked at start-up
     err = capsys.readouterr().err
     assert os.path.join(ckpt, "meta.json") in err and "train_dataset.batch_size" in err
 
@@ -252,7 +252,7 @@ def test_corrupt_or_mismatched_checkpoint_names_the_file(tmp_path, saved_checkpo
     meta = json.loads(Path(ckpt, "meta.json").read_text())
     meta["world_size"] = 2
     Path(ckpt, "meta.json").write_text(json.dumps(meta))
-    assert run_cfg(new) == 1
+    assert run_cfg(new) == 2
     err = capsys.readouterr().err
     assert os.path.join(ckpt, "meta.json") in err and "2 processes" in err
 
