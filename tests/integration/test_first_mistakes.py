@@ -377,7 +377,8 @@ def _dpo(out: Path, data: Path, *extra: str) -> list[str]:
 
 def test_a_run_of_nonfinite_steps_stops_dpo_with_one_line(tmp_path, prefs):
     out = tmp_path / "dpo"
-    proc = _run("train_dpo", *_dpo(out, prefs, "model.optimizer.lr=1e30", "total_train_steps=8"))
+    args = _dpo(out, prefs, "model.optimizer.lr=1e30", "total_train_steps=null")
+    proc = _run("train_dpo", *args, "total_train_epochs=4")  # 12 steps
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = _error_line(proc)
     assert "model.max_consecutive_skipped_steps=3" in line and "up to step 4" in line

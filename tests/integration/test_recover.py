@@ -201,10 +201,12 @@ def test_disabled_mode_writes_no_periodic_checkpoint_and_starts_fresh(tmp_path):
     assert [s for s, _ in recover.list_checkpoints(root)] == [1]
     # another seed: loading that checkpoint would fail, so a clean run proves none was loaded
     cfg = make_cfg(tmp_path, steps=2, staleness=0, seed=6, recover=RecoverConfig(mode="disabled"))
-    cfg.overwrite_output_dir = True  # the folder holds the first run
+    assert run_cfg(cfg) == 2  # the folder holds the first run: refused at start-up
+    assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched
+    cfg.overwrite_output_dir = True
     assert run_cfg(cfg) == 0
     assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1, 2]
-    assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched: nothing saved
+    assert recover.list_checkpoints(root) == []  # the replaced run's is deleted, none written
 
 
 # ------------------------------------------------------------------- bad checkpoints
