@@ -16,9 +16,12 @@ from typing import Any
 
 from areal_m2po.api.cli_args import ConfigError
 from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
+from areal_m2po.api.errors import RunError
 from areal_m2po.utils.console import print_error
 
 EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (SIGINT), as a shell reports a process ended by it."""
 HELP_FLAGS = ("-h", "--help")
 PRINT_CONFIG = "--print-config"
 
@@ -38,7 +41,9 @@ def config_main(
         run_training: called with the valid config; its return value is the exit status
             (None counts as 0). A :class:`ConfigError` it raises exits with status 2. A
             ``"module:function"`` string names it: the module (the trainer, heavy) is imported
-            only once the config is valid.
+            only once the config is valid. A :class:`RunError` it raises is printed as one line
+            and exits with the error's ``exit_status`` (1; 143 after SIGTERM); Ctrl-C prints
+            one line and exits with status 130.
         usage: the head of ``--help`` (None: the PPO trainer's).
         check_before_run: extra checks of a config that is about to train (not for
             ``--print-config``); a ``ValueError`` exits with status 2.
@@ -71,6 +76,15 @@ def config_main(
     except ConfigError as exc:
         print_error(exc)
         return EXIT_BAD_CONFIG
+    except RunError as exc:  # a run stopped for a stated reason (non-finite steps, ...)
+        print_error(exc)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print_error(
+            "interrupted (Ctrl-C); the metrics and checkpoints written so far are kept "
+            "(recover.mode=auto resumes from the last recover checkpoint)"
+        )
+        return EXIT_INTERRUPTED
     return 0 if status is None else int(status)
 
 

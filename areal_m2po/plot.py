@@ -14,23 +14,25 @@ Reads ``RUN_DIR/metrics.jsonl`` and writes one PNG of six panels against the tra
 Given several run directories it writes one figure of :data:`COMPARE_PANELS` instead, each
 run's lines in its own colour: the held-out accuracy, the share of tokens the M2PO mask or the
 PPO clip took out of the gradient (``m2po/masked_fraction``, ``actor/clip_fraction``, in %), the
-reward and the entropy.
+reward and the entropy (runs of another trainer: that trainer's panels, below).
 
-A panel whose metrics the run did not log (M2PO off, no evaluation) says so. A supervised
-fine-tuning run (``python -m areal_m2po.train_sft``, metrics ``sft/...``) gets its own panels
-(:data:`SFT_PANELS`): training and held-out loss, held-out perplexity, gradient norm, learning
-rate and completion tokens per step.
+A panel whose metrics the run did not log (M2PO off, no evaluation) says so. The other
+trainers' runs get their own panels, chosen from the metrics they logged: supervised
+fine-tuning (``sft/...``, :data:`SFT_PANELS`: training and held-out loss, held-out perplexity,
+gradient norm, learning rate and completion tokens per step), a reward model (``train/...``,
+:data:`RM_PANELS`) and DPO (``dpo/...``, :data:`DPO_PANELS`): loss, pair accuracy and reward
+margin, training and held-out, gradient norm and learning rate.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from areal_m2po.utils import stats_logger
 from areal_m2po.utils.extras import require_extra
 
 
@@ -80,6 +82,40 @@ SFT_PANELS = (
 )
 
 
+def _pair_panels(prefix: str, extra: Panel) -> tuple[Panel, ...]:
+    """The panels of a preference trainer logging ``<prefix>/loss``, ``accuracy``, ``margin``,
+    ``grad_norm`` and ``lr`` (held-out: ``eval/...``), plus ``extra``."""
+    return (
+        Panel("loss", ((f"{prefix}/loss", "train"), ("eval/loss", "held-out"))),
+        Panel(
+            "pair accuracy (chosen scored higher)",
+            ((f"{prefix}/accuracy", "train"), ("eval/accuracy", "held-out")),
+        ),
+        Panel(
+            "reward margin (chosen - rejected)",
+            ((f"{prefix}/margin", "train"), ("eval/margin", "held-out")),
+        ),
+        Panel("gradient norm (before clipping)", ((f"{prefix}/grad_norm", f"{prefix}/grad_norm"),)),
+        Panel("learning rate", ((f"{prefix}/lr", f"{prefix}/lr"),)),
+        extra,
+    )
+
+
+RM_PANELS = _pair_panels(
+    "train",
+    Panel(
+        "mean reward",
+        (("train/mean_reward", "train"), ("eval/mean_reward", "held-out")),
+    ),
+)
+DPO_PANELS = _pair_panels(
+    "dpo",
+    Panel(
+        "implicit rewards beta * log(pi / pi_ref)",
+        (("dpo/chosen_reward", "chosen"), ("dpo/rejected_reward", "rejected")),
+    ),
+)
+
 COMPARE_PANELS = (
     Panel("held-out greedy accuracy", (("eval/accuracy", "accuracy"),)),
     Panel(
@@ -94,24 +130,24 @@ COMPARE_PANELS = (
 _PERCENT_KEYS = ("m2po/masked_fraction", "actor/clip_fraction")
 
 
+_PANELS_BY_KEY = (("sft/loss", SFT_PANELS), ("dpo/loss", DPO_PANELS), ("train/loss", RM_PANELS))
+
+
 def panels_for(records: list[dict[str, Any]]) -> tuple[Panel, ...]:
-    """:data:`SFT_PANELS` for a run that logged ``sft/loss``, else the RL run's :data:`PANELS`."""
-    return SFT_PANELS if any("sft/loss" in r for r in records) else PANELS
+    """The panels of the trainer that wrote ``records``: :data:`SFT_PANELS` for a run that
+    logged ``sft/loss``, :data:`DPO_PANELS` for ``dpo/loss``, :data:`RM_PANELS` for
+    ``train/loss`` (the reward model), else the RL run's :data:`PANELS`."""
+    for key, panels in _PANELS_BY_KEY:
+        if any(key in r for r in records):
+            return panels
+    return PANELS
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
-    """The records of a metrics.jsonl; a malformed line raises ValueError naming file:line."""
-    records = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-    return records
+    """The records of a metrics.jsonl (:func:`areal_m2po.utils.stats_logger.read_metrics`: a
+    partial last line is skipped with a warning, a malformed line before it raises ValueError
+    naming file:line)."""
+    return stats_logger.read_metrics(path)
 
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -170,16 +206,25 @@ def build_figure(records: list[dict[str, Any]], title: str = "") -> Any:
 
 
 def build_comparison(runs: list[tuple[str, list[dict[str, Any]]]]) -> Any:
-    """A matplotlib Figure of :data:`COMPARE_PANELS` over ``runs`` (``(label, records)``): one
-    colour per run, the line style per metric, legend entries ``"<label>: <metric label>"``."""
+    """A matplotlib Figure of :data:`COMPARE_PANELS` (RL runs; the runs of another trainer: its
+    own panels, :func:`panels_for`) over ``runs`` (``(label, records)``): one colour per run,
+    the line style per metric, legend entries ``"<label>: <metric label>"``.
+
+    Raises:
+        ValueError: the runs come from different trainers.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    kinds = {panels_for(records) for _, records in runs}
+    if len(kinds) > 1:
+        raise ValueError("the runs to compare come from different trainers (RL, SFT, RM, DPO)")
+    panels = COMPARE_PANELS if kinds == {PANELS} else kinds.pop()
+    fig, axes = plt.subplots(2, len(panels) // 2, figsize=(11, 7), constrained_layout=True)
     styles = ("-", "--", ":")
-    for ax, panel in zip(axes.flat, COMPARE_PANELS):
+    for ax, panel in zip(axes.flat, panels):
         for colour, (label, records) in enumerate(runs):
             for style, (key, name) in zip(styles, panel.series):
                 xs, ys = series(records, key)
@@ -241,7 +286,12 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_m2po.plot", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m areal_m2po.plot",
+        description="Plot the metrics.jsonl of a run of any trainer (RL, SFT, reward model, "
+        "DPO) into RUN_DIR/metrics.png, or compare the RL runs of several run directories in "
+        "one PNG (--out; runs of one trainer).",
+    )
     parser.add_argument(
         "run_dir", nargs="+", help="run directory holding metrics.jsonl (several: compare them)"
     )

@@ -220,6 +220,7 @@ def run_sft(args: argparse.Namespace, out_dir: str) -> dict:
         [
             f"model.path={args.policy}",
             f"output_dir={run_dir}",
+            "overwrite_output_dir=true",  # an unfinished stage starts again
             f"total_train_steps={args.sft_steps}",
             f"model.optimizer.lr={args.sft_lr}",
             "evaluator.freq_steps=null",
@@ -253,6 +254,7 @@ def train_reward_model(args: argparse.Namespace, out_dir: str) -> dict:
             f"train_dataset.path={pairs}/train.jsonl",
             f"valid_dataset.path={pairs}/valid.jsonl",
             f"output_dir={run_dir}",
+            "overwrite_output_dir=true",  # an unfinished stage starts again
             f"total_train_epochs={args.rm_epochs}",
             f"train_dataset.batch_size={args.rm_batch}",
             "train_dataset.drop_last=false",
@@ -290,6 +292,7 @@ def run_ppo(args: argparse.Namespace, out_dir: str, rm_path: str) -> dict:
             f"valid_dataset.max_samples={args.eval_problems}",
             f"valid_dataset.batch_size={args.eval_problems}",
             f"output_dir={run_dir}",
+            "overwrite_output_dir=true",  # an unfinished stage starts again
             "saver.save_at_end=false",
             "stats_logger.progress_bar=false",
             "recover.mode=auto",
@@ -364,6 +367,7 @@ def true_accuracy(args: argparse.Namespace, out_dir: str, model_path: str, name:
             f"valid_dataset.max_samples={args.eval_problems}",
             f"valid_dataset.batch_size={args.eval_problems}",
             f"output_dir={run_dir}",
+            "overwrite_output_dir=true",  # an unfinished stage starts again
             "saver.save_at_end=false",
             "stats_logger.progress_bar=false",
             *args.ppo,
@@ -395,6 +399,7 @@ def run_dpo(args: argparse.Namespace, out_dir: str, train_pairs: int, lr: float)
             f"train_dataset.path={pairs}/train.jsonl",
             f"valid_dataset.path={pairs}/valid.jsonl",
             f"output_dir={run_dir}",
+            "overwrite_output_dir=true",  # an unfinished stage starts again
             f"total_train_epochs={args.rm_epochs}",
             f"train_dataset.batch_size={args.rm_batch}",
             "train_dataset.drop_last=false",

@@ -417,16 +417,36 @@ class TrainedModelConfig:
         "HuggingFaceTB/SmolLM2-135M-Instruct) or 'builtin:tiny' (a tiny random Llama with a "
         "local character tokenizer).",
     )
-    dtype: str = _field("float32", "Parameter dtype.", choices=DTYPES)
+    dtype: str = _field(
+        "float32",
+        "Parameter dtype. float16 trains in mixed precision: float32 master weights and "
+        "optimizer state, float16 compute and a dynamic loss scale (the frozen base of a LoRA "
+        "model stays float16).",
+        choices=DTYPES,
+    )
     attn_implementation: str = _field(
         "sdpa", "Attention kernel (AReaL key: attn_impl).", choices=ATTN_IMPLEMENTATIONS
     )
     gradient_checkpointing: bool = _field(False, "Recompute activations in the backward pass.")
+    max_consecutive_skipped_steps: int | None = _field(
+        3,
+        "A step whose loss or gradient is not finite is skipped (no optimizer step, counted in "
+        "the <section>/skipped stats); this many skipped steps in a row stop the run with one "
+        "error line and exit status 1, without evaluating or writing a checkpoint (null: never "
+        "stop). Weights holding NaN or inf are never saved.",
+    )
 
     def __post_init__(self) -> None:
         _validate_choices(self)
         _check_nonempty_str("path", self.path)
         _check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        _check_number(
+            "max_consecutive_skipped_steps",
+            self.max_consecutive_skipped_steps,
+            ge=1,
+            integer=True,
+            optional=True,
+        )
 
 
 @dataclass
@@ -682,12 +702,6 @@ class ActorConfig(TrainEngineConfig):
         "tokens still count in the loss denominator, so the gradient is unchanged. Not applied "
         "with m2_scope=microbatch, whose statistic depends on the rows a micro-batch holds.",
     )
-    max_consecutive_skipped_steps: int | None = _field(
-        3,
-        "A step whose loss or gradient is not finite is skipped (no optimizer step, counted in "
-        "actor/skipped_steps); this many skipped steps in a row stop the run with an error, "
-        "without writing a recover checkpoint (null: never stop).",
-    )
     # --- rewards and advantages -------------------------------------------------------------
     kl_ctl: float = _field(0.0, "Coefficient of the KL(policy || ref) penalty in the reward.")
     kl_estimator: str = _field(
@@ -784,13 +798,6 @@ class ActorConfig(TrainEngineConfig):
         _check_number("ppo_n_minibatches", self.ppo_n_minibatches, ge=1, integer=True)
         _check_number("temperature", self.temperature, gt=0)
         _check_bool("skip_zero_adv_seqs", self.skip_zero_adv_seqs)
-        _check_number(
-            "max_consecutive_skipped_steps",
-            self.max_consecutive_skipped_steps,
-            ge=1,
-            integer=True,
-            optional=True,
-        )
         _check_number("kl_ctl", self.kl_ctl, ge=0)
 
     def _check_reward_fields(self) -> None:
@@ -1562,7 +1569,8 @@ class RecoverConfig:
 
     mode: str = _field(
         "disabled",
-        "disabled: never resume; auto: resume if a checkpoint exists in output_dir; "
+        "disabled: never resume (an output_dir that already holds a run is refused at start-up "
+        "unless overwrite_output_dir); auto: resume if a checkpoint exists in output_dir; "
         "resume: resume and fail if there is none (AReaL key: its on / off are auto / "
         "disabled).",
         choices=("disabled", "auto", "resume"),
@@ -1661,6 +1669,7 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig | DPOConfig) -> None
     )
     if run.output_dir is None:
         run.output_dir = f"outputs/{run.experiment_name}/{run.trial_name}"
+    _check_bool("overwrite_output_dir", run.overwrite_output_dir)
     _check_number("total_train_epochs", run.total_train_epochs, ge=1, integer=True)
     _check_number("total_train_steps", run.total_train_steps, ge=1, integer=True, optional=True)
     _check_number("num_threads", run.num_threads, ge=1, integer=True, optional=True)
@@ -1673,6 +1682,18 @@ def _check_run_fields(run: PPOConfig | RWConfig | SFTConfig | DPOConfig) -> None
         optional=True,
     )
     _check_str("tokenizer_path", run.tokenizer_path, optional=True)
+
+
+def _overwrite_output_dir_field() -> Any:
+    """The ``overwrite_output_dir`` key every root config has."""
+    return _field(
+        False,
+        "Replace the run already in output_dir and start afresh: metrics.jsonl starts empty, "
+        "its recover checkpoints are deleted at this run's first one, saved models are "
+        "replaced tag by tag. Without it a folder holding a run (metrics.jsonl, checkpoints/, "
+        "recover/) is resumed (recover.mode=auto) or refused at start-up (Hugging Face "
+        "Trainer's name).",
+    )
 
 
 def _default_actor() -> ActorConfig:
@@ -1715,6 +1736,7 @@ class PPOConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints "
         "(null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training prompts.")
     total_train_steps: int | None = _field(
         25, "Stop after this many training steps (null: run all epochs)."
@@ -2067,6 +2089,7 @@ class RWConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format reward "
         "model) (null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training pairs.")
     total_train_steps: int | None = _field(
         None, "Stop after this many optimizer steps (null: run all epochs)."
@@ -2186,6 +2209,7 @@ class SFTConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
         "recover/ (null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training examples.")
     total_train_steps: int | None = _field(
         30, "Stop after this many optimizer steps (null: run all epochs)."
@@ -2246,6 +2270,7 @@ class DPOConfig:
         "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
         "recover/ (null: outputs/<experiment_name>/<trial_name>).",
     )
+    overwrite_output_dir: bool = _overwrite_output_dir_field()
     total_train_epochs: int = _field(1, "Epochs over the training pairs.")
     total_train_steps: int | None = _field(
         None, "Stop after this many optimizer steps (null: run all epochs)."

@@ -7,10 +7,13 @@ A run's configuration is built in three layers, later ones winning::
 Overrides come in three equivalent forms: ``--actor.m2_threshold=0.05``,
 ``--actor.m2_threshold 0.05`` and ``actor.m2_threshold=0.05``. Values are read as YAML
 (``null``, ``true``/``false``, numbers, ``[a, b]`` lists, ``{k: v}`` mappings), except that a
-string field takes the text verbatim. Setting a key inside an optional section that is null
-(``actor.rejection_sampling.upper=5``) first creates that section with its defaults. YAML files
-and override values may use OmegaConf interpolation (``${gconfig.n_samples}``); a YAML file need
-not list every key.
+string field takes the text verbatim; an empty value (``actor.m2_threshold=``, often an unset
+shell variable) is an error for every key (``null`` unsets one). Setting a key inside an
+optional section that is null (``actor.rejection_sampling.upper=5``) first creates that section
+with its defaults. Mapping-valued keys (``rollout.workflow_kwargs``) behave like sections: a
+dotted key reaches into them (``rollout.workflow_kwargs.max_turns=2``) and a mapping merges
+into what is there (``null`` clears them). YAML files and override values may use OmegaConf
+interpolation (``${gconfig.n_samples}``); a YAML file need not list every key.
 
 An AReaL config file (one with a top-level key only AReaL has, such as ``cluster``, or with
 ``areal_compat: true``; or any file with ``--areal-compat``) is read with AReaL's meaning:
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import tempfile
 import textwrap
@@ -117,8 +121,19 @@ def _merge_mapping(
             if not isinstance(tree.get(name), dict):
                 tree[name] = section_defaults(kind.base, key)
             _merge_mapping(tree[name], value, kind.base, key + ".", root)
+        elif kind.is_mapping and isinstance(value, dict) and isinstance(tree.get(name), dict):
+            tree[name] = _merged(tree[name], value)
         else:
             tree[name] = config_to_dict(value)
+
+
+def _merged(base: dict[Any, Any], update: dict[Any, Any]) -> dict[Any, Any]:
+    """``base`` with ``update`` merged in, nested mappings merged key by key (a copy)."""
+    out = dict(base)
+    for k, v in update.items():
+        both = isinstance(out.get(k), dict) and isinstance(v, dict)
+        out[k] = _merged(out[k], v) if both else config_to_dict(v)
+    return out
 
 
 def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
@@ -131,12 +146,22 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
             raise _unknown(key, root)
         _, kind = schema[part]
         here = ".".join(parts[: depth + 1])
-        if depth == len(parts) - 1:
+        last = depth == len(parts) - 1
+        if (kind.is_mapping or last) and not raw.strip():
+            raise ConfigError(key, "empty value (an unset shell variable?); write null to unset it")
+        if kind.is_mapping and not last:  # a key inside a mapping
+            if not all(parts[depth + 1 :]):
+                raise ConfigError(key, "empty name in the dotted key")
+            _set_in_mapping(node, part, parts[depth + 1 :], _parse_value(raw, FieldKind(Any, True)))
+            return
+        if last:
             value = _parse_value(raw, kind)
             if kind.is_section and isinstance(value, dict):
                 if not isinstance(node.get(part), dict):
                     node[part] = section_defaults(kind.base, here)
                 _merge_mapping(node[part], value, kind.base, here + ".", root)
+            elif kind.is_mapping and isinstance(value, dict) and isinstance(node.get(part), dict):
+                node[part] = _merged(node[part], value)
             else:
                 node[part] = value
             return
@@ -145,6 +170,17 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
         if not isinstance(node.get(part), dict):
             node[part] = section_defaults(kind.base, here)
         node, cls = node[part], kind.base
+
+
+def _set_in_mapping(node: dict[str, Any], name: str, path: list[str], value: Any) -> None:
+    """Set ``node[name][path[0]]...[path[-1]] = value``, creating the mappings on the way."""
+    mapping = node.get(name)
+    node[name] = mapping = dict(mapping) if isinstance(mapping, dict) else {}
+    for part in path[:-1]:
+        inner = mapping.get(part)
+        mapping[part] = dict(inner) if isinstance(inner, dict) else {}
+        mapping = mapping[part]
+    mapping[path[-1]] = value
 
 
 def _parse_value(raw: str, kind: FieldKind) -> Any:
@@ -302,6 +338,10 @@ def _convert(value: Any, kind: FieldKind, key: str, root: type) -> Any:
         if not isinstance(value, str):
             raise wrong()
         return value
+    if base is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise wrong()
+        return value
     if base is list:
         if not isinstance(value, list):
             raise wrong()
@@ -356,7 +396,12 @@ def load_config(
     """
     args = list(sys.argv[1:] if argv is None else argv)
     flag = AREAL_COMPAT_FLAG in args
-    files, overrides = parse_argv([a for a in args if a != AREAL_COMPAT_FLAG])
+    try:
+        files, overrides = parse_argv([a for a in args if a != AREAL_COMPAT_FLAG])
+    except ConfigError as exc:  # ``--flag`` without a value: an unknown flag is named so
+        if exc.key != "config":
+            _set_override(default_tree(cls), exc.key, "null", cls)
+        raise
     if flag and cls is not PPOConfig:
         raise ConfigError(
             AREAL_COMPAT_FLAG, f"AReaL's files are read by the RL trainer only, not {cls.__name__}"
@@ -506,15 +551,23 @@ def _help_lines(record: ConfigKey, wrap: textwrap.TextWrapper) -> list[str]:
     """A leaf key's head line and wrapped help, or a section's blank line, title and summary."""
     if not record.is_section:
         head = f"  {record.key} ({record.type_text('|null')}, default: {record.default_text})"
-        text = record.help
+        text = _plain(record.help)
         if record.choices is not None:
             text += " Choices: " + ", ".join(record.choice_texts) + "."
         return [head, *(wrap.wrap(text) if text else [])]
     note = ""
     if record.section_off:
         note = " Default: null (off); setting any key below creates it with these defaults."
-    about = f"{record.summary}{note}"
-    return ["", f"[{record.key}] {record.help}", *(wrap.wrap(about) if about else [])]
+    about = _plain(f"{record.summary}{note}")
+    return ["", f"[{record.key}] {_plain(record.help)}", *(wrap.wrap(about) if about else [])]
+
+
+_DOC_ROLE = re.compile(r":(?:data|class|func|meth|mod|attr):`~?([^`]+)`")
+
+
+def _plain(text: str) -> str:
+    """Docstring text for a terminal: ``:class:`X``` becomes ``X``, double backquotes go."""
+    return _DOC_ROLE.sub(r"\1", text).replace("``", "")
 
 
 def format_help(cls: type = PPOConfig, usage: str | None = None) -> str:

@@ -44,13 +44,18 @@ __all__ = [
 class FieldKind:
     """A field's type reduced to what loading and documenting need."""
 
-    base: Any  # bool | int | float | str | list | a dataclass type | typing.Any
+    base: Any  # bool | int | float | str | list | dict | a dataclass type | typing.Any
     optional: bool
     item: Any = None  # element type of a list
 
     @property
     def is_section(self) -> bool:
         return dataclasses.is_dataclass(self.base)
+
+    @property
+    def is_mapping(self) -> bool:
+        """A mapping of names to values (``dict[str, Any]``): dotted keys reach into it."""
+        return self.base is dict
 
     def describe(self, *, null_word: str = " or null") -> str:
         """Human name: ``float``, ``list of str``, ``RejectionSamplingConfig section``, with
@@ -60,6 +65,8 @@ class FieldKind:
             name = f"list of {inner}"
         elif self.is_section:
             name = f"{self.base.__name__} section"
+        elif self.is_mapping:
+            name = "mapping"
         elif self.base is Any:
             name = "any value"
         else:
@@ -78,6 +85,8 @@ def kind_of(annotation: Any) -> FieldKind:
     if origin is list:
         items = typing.get_args(annotation)
         return FieldKind(list, False, items[0] if items else None)
+    if origin is dict or annotation is dict:
+        return FieldKind(dict, False)
     if annotation in (bool, int, float, str) or dataclasses.is_dataclass(annotation):
         return FieldKind(annotation, False)
     return FieldKind(Any, False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -32,6 +33,8 @@ from areal_m2po.engine.forward import (
     zero_through_model,
 )
 from areal_m2po.engine.optim import build_optimizer
+from areal_m2po.engine.packing_check import packing_verdict
+from areal_m2po.engine.precision import MixedPrecision, check_finite_weights, load_dtype
 from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, split_microbatches
@@ -136,11 +139,11 @@ class HFTrainEngine:
         self.version = 0
         self.sharded = config.backend == "fsdp2"
         self._n_forward = 0  # calls of the model's forward (sharded: keeps ranks in step)
-        raw = (
-            model
-            if model is not None
-            else load_causal_lm(config.path, config.dtype, config.attn_implementation)
-        )
+        self.precision = MixedPrecision(config.dtype, trainable, self.sharded, self.device.type)
+        if model is None:
+            dtype = load_dtype(config.dtype, trainable, config.lora is not None)
+            model = load_causal_lm(config.path, dtype, config.attn_implementation)
+        raw = model
         self.trainable = trainable
         if not trainable:
             raw.requires_grad_(False)
@@ -155,6 +158,7 @@ class HFTrainEngine:
             raw.gradient_checkpointing_enable()
         if config.lora is not None:  # only the adapters (and a head) require gradients
             raw = self._with_lora(raw)
+        self.precision.upcast_trainable(raw)  # float16: float32 master weights
         if self.sharded:
             raw = self._place(raw)
         optimizer, scheduler = build_optimizer(raw.parameters(), config.optimizer, total_steps)
@@ -182,7 +186,10 @@ class HFTrainEngine:
         """The model on this process's device; sharded over all processes with fsdp2."""
         if not self.sharded:
             return raw.to(self.accelerator.device)
-        model = fsdp.shard_model(raw, self.config.fsdp, self.accelerator.device)
+        fsdp_cfg = self.config.fsdp
+        if self.precision.enabled and fsdp_cfg.param_dtype is None:  # compute in float16
+            fsdp_cfg = dataclasses.replace(fsdp_cfg, param_dtype="float16")
+        model = fsdp.shard_model(raw, fsdp_cfg, self.accelerator.device)
 
         def count(*_: Any) -> None:
             self._n_forward += 1
@@ -204,7 +211,8 @@ class HFTrainEngine:
         (an idle forward when ``forward_fn`` had nothing to score), tying the zero output to
         the graph so the backward runs the gradient reduce-scatter with the other ranks."""
         before = self._n_forward
-        out, aux = self.forward_fn(self.model, mb, temperature, compute_entropy)
+        with self.precision.autocast():
+            out, aux = self.forward_fn(self.model, mb, temperature, compute_entropy)
         if self.sharded and self._n_forward == before:
             out = out + fsdp.idle_forward(self.model, self.device)
         return out, aux
@@ -274,61 +282,21 @@ class HFTrainEngine:
     def _forward_packed_checked(
         self, model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The packed forward, once it has been seen to equal the padded one on this model."""
+        """The packed forward, once it has been seen to equal the padded one on this model
+        (:func:`~areal_m2po.engine.packing_check.packing_verdict`)."""
         if self._packing_ok is None:
-            self._packing_ok = self._check_packing(model, mb, temperature)
+            low_precision = (
+                self.accelerator.mixed_precision != "no"
+                or self.precision.enabled
+                or self.config.fsdp.param_dtype not in (None, "float32")
+                or any(p.dtype != torch.float32 for p in model.parameters())
+            )
+            self._packing_ok = packing_verdict(
+                model, mb, temperature, self.sharded, self.device, low_precision
+            )
         if self._packing_ok is False:
             return forward_logprobs(model, mb, temperature, compute_entropy)
         return forward_logprobs_packed(model, mb, temperature, compute_entropy)
-
-    @torch.no_grad()
-    def _check_packing(self, model: torch.nn.Module, mb: Batch, temperature: float) -> bool | None:
-        """Compare packed and padded log-probs on a few sequences of the first micro-batch.
-
-        The sequences go into one packed row, so a model that lets packed sequences see each
-        other (a recurrent/SSM layer, a custom attention ignoring position ids) shows it. Returns
-        None (check later) when the micro-batch has nothing to score.
-        """
-        rows = torch.nonzero(mb["loss_mask"].any(-1)).flatten()[:4]
-        if rows.numel() == 0 and not self.sharded:
-            return None
-        sub = {k: v.index_select(0, rows) for k, v in mb.items() if v.dim() >= 1}
-        was_training = model.training
-        model.eval()
-        try:
-            if rows.numel() == 0:  # sharded: two forwards in step with the other ranks
-                diff = math.nan
-                for _ in range(2):
-                    fsdp.idle_forward(model, self.device)
-            else:
-                padded, _ = forward_logprobs(model, sub, temperature, False)
-                packed, _ = forward_logprobs_packed(model, sub, temperature, False, single_row=True)
-                mask = sub["loss_mask"]
-                diff = float((padded[mask] - packed[mask]).abs().max())
-        finally:
-            model.train(was_training)
-        low_precision = (
-            self.accelerator.mixed_precision != "no"
-            or self.config.fsdp.param_dtype not in (None, "float32")
-            or any(p.dtype != torch.float32 for p in model.parameters())
-        )
-        tol = 5e-2 if low_precision else 1e-3
-        if self.sharded:  # one verdict for all ranks: 0 none yet, 1 packing ok, 2 not ok
-            local = 0.0 if math.isnan(diff) else (1.0 if diff <= tol else 2.0)
-            verdict = float(dist.all_reduce_max(torch.tensor([local]))[0])
-            if verdict == 0.0:
-                return None
-            diff = diff if verdict == 1.0 or diff > tol else math.inf
-        if diff > tol:
-            logger.warning(
-                "mb_spec.packing: packed log-probs differ from the padded ones by %.3g on this "
-                "model (tolerance %.0e); using padded micro-batches",
-                diff,
-                tol,
-            )
-            return False
-        logger.info("mb_spec.packing: packed forward checked (max |diff| %.2g)", diff)
-        return True
 
     # -- training -----------------------------------------------------------------------------
 
@@ -356,7 +324,9 @@ class HFTrainEngine:
         steps the optimizer or the LR scheduler, and ``train_stats["empty"]`` is 1.
 
         Returns ``(train_stats, loss_stats)``: grad norm, lr, whether the step was skipped for a
-        non-finite loss or gradient on any rank, whether it was empty; and the loss function's
+        non-finite loss or gradient on any rank, whether it was empty (a float16 model: the
+        loss scale and whether the step overflowed it, see :mod:`areal_m2po.engine.precision`:
+        no optimizer step, not counted as skipped); and the loss function's
         stats averaged with the micro-batch weights over all ranks (every rank must return the
         same stat keys).
         """
@@ -372,13 +342,17 @@ class HFTrainEngine:
         loss_total, stat_sums = self._accumulate_gradients(
             mbs, weights, total_weight, microbatch_loss, temperature
         )
+        self.precision.unscale_(self.model.parameters())
         clip = self.config.optimizer.gradient_clipping
         grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
-        grad_norm_f, skipped, loss_stats = self._global_step_stats(
+        grad_norm_f, loss_finite, loss_stats = self._global_step_stats(
             grad_norm, loss_total, stat_sums, sum(weights)
         )
-        empty = total_weight <= 0 and not skipped  # both global: the same on every rank
-        self._optimizer_step(grad_norm_f, skipped, empty)
+        scale = self.precision.scale
+        overflow = self.precision.overflowed(loss_finite, math.isfinite(grad_norm_f))
+        skipped = not (loss_finite and math.isfinite(grad_norm_f)) and not overflow
+        empty = total_weight <= 0 and not skipped  # all global: the same on every rank
+        self._optimizer_step(grad_norm_f, skipped, empty, overflow)
         train_stats = {
             "grad_norm": grad_norm_f,
             "lr": self.current_lr(),
@@ -386,6 +360,8 @@ class HFTrainEngine:
             "empty": float(empty),
             "n_micro_batches": float(len(mbs)),
         }
+        if self.precision.enabled:
+            train_stats.update(loss_scale=scale, overflow=float(overflow))
         return train_stats, loss_stats
 
     def _accumulate_gradients(
@@ -418,7 +394,7 @@ class HFTrainEngine:
                 loss, stats = microbatch_loss(logp, ent, mb)
                 loss = _with_graph(loss, logp)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
-                self.accelerator.backward(loss * scale)
+                self.accelerator.backward(loss * (scale * self.precision.scale))
             loss_total = loss_total + _as_f64(loss) * weights[i]
             for k, v in stats.items():
                 stat_sums[k] = accumulate_stat(k, stat_sums.get(k), _as_f64(v), weights[i])
@@ -434,11 +410,12 @@ class HFTrainEngine:
         stat_sums: dict[str, torch.Tensor | float],
         stat_weight: float,
     ) -> tuple[float, bool, dict[str, float]]:
-        """The step's grad norm, whether it is skipped and its loss stats, the same on every rank.
+        """The step's grad norm, whether every rank's loss is finite and its loss stats, the
+        same on every rank.
 
-        One host sync for this rank's values, then one all-reduce: the step is skipped when the
-        grad norm or any rank's loss is non-finite; each loss stat is its weighted sum over all
-        ranks divided by the total weight (``stat_weight`` summed over ranks; 1 when zero).
+        One host sync for this rank's values, then one all-reduce; each loss stat is its
+        weighted sum over all ranks divided by the total weight (``stat_weight`` summed over
+        ranks; 1 when zero).
         """
         keys = sorted(k for k in stat_sums if extremum(k) is None)
         ext_keys = sorted(k for k in stat_sums if extremum(k) is not None)
@@ -452,17 +429,22 @@ class HFTrainEngine:
                 dtype=torch.float64,
             )
         ).tolist()
-        skipped = not math.isfinite(grad_norm_f) or sums[-1] > 0
         denom = sums[-2] if sums[-2] > 0 else 1.0
         loss_stats = {k: v / denom for k, v in zip(keys, sums)}
         loss_stats.update(global_extrema(ext_keys, host[2 + len(keys) :]))
-        return grad_norm_f, skipped, loss_stats
+        return grad_norm_f, sums[-1] == 0, loss_stats
 
-    def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool) -> None:
+    def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool, overflow: bool) -> None:
         """Step the optimizer and the LR scheduler, unless the step is ``skipped`` (non-finite
-        loss or gradient) or ``empty`` (no token with a loss weight); clear the gradients."""
+        loss or gradient), ``empty`` (no token with a loss weight) or an ``overflow`` of the
+        float16 loss scale; clear the gradients."""
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
-        if skipped:
+        if overflow:
+            logger.warning(
+                "float16 gradient overflow: step skipped, loss scale lowered to %g",
+                self.precision.scale,
+            )
+        elif skipped:
             logger.warning("non-finite loss or gradient (grad_norm=%s): step skipped", grad_norm)
         elif empty:
             logger.warning("no token with a loss weight on any rank: no optimizer step")
@@ -523,8 +505,9 @@ class HFTrainEngine:
             return lora.merged_model_from(
                 self.unwrapped, self.full_tensors_raw(), self.device, dtype
             )
-        if not self.sharded:
-            return copy.deepcopy(self.unwrapped)
+        if not self.sharded:  # float16: a float16 copy of the float32 master weights
+            dtype = _TORCH_DTYPES[self.config.dtype] if self.precision.enabled else None
+            return copy.deepcopy(self.unwrapped).to(dtype=dtype)
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_config(
@@ -540,7 +523,9 @@ class HFTrainEngine:
     def save_hf(self, path: str, tokenizer: Any | None = None) -> None:
         """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes
         (sharded: the full weights are gathered to rank 0's CPU first). With LoRA: the adapter,
-        and the merged model in ``path/merged`` when ``lora.save_merged``."""
+        and the merged model in ``path/merged`` when ``lora.save_merged``. Weights holding NaN
+        or infinity are never saved (:func:`check_finite_weights` raises first)."""
+        check_finite_weights(self.model, path)
         if self.sharded:
             state = fsdp.full_state_dict_on_rank0(self.model)
         else:
@@ -560,8 +545,12 @@ class HFTrainEngine:
 
         Sharded, the model and optimizer shards are written into ``shard_dir`` (every rank;
         nothing is gathered) and the returned dict holds ``"sharded": True`` instead of them.
+        Weights holding NaN or infinity are refused (:func:`check_finite_weights`).
         """
+        check_finite_weights(self.model, "a recover checkpoint")
         state: dict[str, Any] = {"version": self.version}
+        if self.precision.enabled:
+            state["loss_scale"] = self.precision.state_dict()
         if self.sharded:
             if shard_dir is None:
                 raise ValueError("a sharded engine writes its training state to a shard_dir")
@@ -592,5 +581,6 @@ class HFTrainEngine:
             if self.optimizer is not None and "optimizer" in state:
                 self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.precision.load_state_dict(state.get("loss_scale"))
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])

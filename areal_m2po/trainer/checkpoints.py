@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,6 +68,9 @@ class RecoverCheckpoints:
     ) -> None:
         self.root = recover.recover_root(output_dir)
         self.config = config.recover
+        # overwrite_output_dir: start afresh whatever recover.mode says
+        self.overwrite = bool(getattr(config, "overwrite_output_dir", False))
+        self.mode = "disabled" if self.overwrite else self.config.mode
         self.must_match = {key: _dotted(config, key) for key in must_match}
         self.is_main = is_main
         self.rank, self.world = dist.rank(), dist.world_size()
@@ -101,16 +105,26 @@ class RecoverCheckpoints:
     def to_resume(self) -> str | None:
         """The checkpoint ``recover.mode`` says to load, the same on every rank (rank 0's
         choice); None to start fresh (with ``disabled``, the checkpoints found are deleted at
-        the first save)."""
-        mode = self.config.mode
+        the first save; with ``overwrite_output_dir``, now: they belong to the run it
+        replaces, and a later resume must not find them)."""
+        mode = self.mode
         path = recover.checkpoint_to_resume(self.root, mode) if self.is_main else None
         path = dist.broadcast_object(path)
         if path is None and mode == "disabled" and self.is_main:
             self._stale = [p for _, p in recover.list_checkpoints(self.root)]
-            if self._stale:
+            if self._stale and self.overwrite:
+                for stale in self._stale:
+                    shutil.rmtree(stale, ignore_errors=True)
                 logger.warning(
-                    "recover.mode=disabled: starting fresh; the %d recover checkpoint(s) in %s "
-                    "are deleted at the first checkpoint of this run",
+                    "overwrite_output_dir: deleted the %d recover checkpoint(s) of the run "
+                    "this one replaces",
+                    len(self._stale),
+                )
+                self._stale = []
+            elif self._stale:
+                logger.warning(
+                    "starting fresh: the %d recover checkpoint(s) in %s are deleted at the "
+                    "first checkpoint of this run",
                     len(self._stale),
                     self.root,
                 )

@@ -19,7 +19,8 @@ Metrics: ``dpo/loss``, ``dpo/chosen_reward``, ``dpo/rejected_reward`` (means of 
 rewards ``beta * log(pi / pi_ref)``), ``dpo/margin``, ``dpo/accuracy`` (share of pairs whose
 chosen reward is higher; a tie counts as wrong, so it is 0 while pi = pi_ref),
 ``dpo/chosen_logp``, ``dpo/rejected_logp`` (mean summed completion log-probs), ``dpo/n_pairs``,
-``dpo/grad_norm``, ``dpo/lr``, ``dpo/epoch``, ``dpo/skipped``; at evaluations ``eval/loss``,
+``dpo/grad_norm``, ``dpo/lr``, ``dpo/epoch``, ``dpo/skipped`` (non-finite step),
+``dpo/loss_scale`` (``model.dtype=float16``); at evaluations ``eval/loss``,
 ``eval/accuracy``, ``eval/margin``, ``eval/chosen_reward``, ``eval/rejected_reward``,
 ``eval/chosen_logp``, ``eval/rejected_logp``, ``eval/n_pairs`` on the held-out pairs. Outputs as the other trainers: ``config.yaml``,
 ``metrics.jsonl``, ``checkpoints/<tag>`` (HF format), ``recover/step_<N>``.
@@ -46,11 +47,13 @@ from areal_m2po.algo.dpo import (
     pair_sequence_logps,
 )
 from areal_m2po.api.cli_args import DPOConfig, PreferenceDatasetConfig, TrainEngineConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
+    evaluation_note,
     make_stats_logger,
     start_run,
     write_run_config,
@@ -146,7 +149,6 @@ class DPOTrainer(RecoverableStepLoop):
             str(self.accelerator.mixed_precision),
         )
         self._build_data()
-        write_run_config(cfg, ctx)
         from areal_m2po.engine.train_engine import HFTrainEngine
 
         self.engine = HFTrainEngine(cfg.model, self.accelerator, self.total_steps)
@@ -232,6 +234,8 @@ class DPOTrainer(RecoverableStepLoop):
                 "dpo/skipped": train_stats["skipped"],
             }
         )
+        if "loss_scale" in train_stats:  # model.dtype=float16
+            stats["dpo/loss_scale"] = train_stats["loss_scale"]
         return stats
 
     def _eval_chunks(self) -> list[Batch]:
@@ -304,7 +308,11 @@ class DPOTrainer(RecoverableStepLoop):
         weights, optimizer, scheduler; sharded into ``shard_dir/model_shards``), ``rank`` (RNG)."""
         shards = None if shard_dir is None else os.path.join(shard_dir, "model_shards")
         return {
-            "trainer": {"step": self.step, "loader": self.loader.state_dict()},
+            "trainer": {
+                "step": self.step,
+                "loader": self.loader.state_dict(),
+                "skip_streaks": dict(self.skip_streaks or {}),
+            },
             "model": self.engine.training_state(shards),
             "rank": {"rank": self.rank, "rng": recover.capture_rng()},
         }
@@ -315,6 +323,7 @@ class DPOTrainer(RecoverableStepLoop):
         def load_trainer(state: Mapping[str, Any]) -> None:
             self.loader.load_state_dict(state["loader"])
             self.step = int(state["step"])
+            self.skip_streaks = {k: int(v) for k, v in state.get("skip_streaks", {}).items()}
 
         return [
             ("trainer", load_trainer),
@@ -327,17 +336,20 @@ class DPOTrainer(RecoverableStepLoop):
     def _train(self) -> None:
         cfg = self.config
         resumed = self.resume()
+        write_run_config(cfg, self)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         logger.info(
-            "DPO (%s, beta %g) for %d steps: %s, %d pairs per step, %d train / %d held-out "
-            "pairs, reference %s, LoRA %s, output_dir %s",
+            "DPO (%s, beta %g) for %d steps: %s, %d pairs per step, %d train pairs (%s) / %d "
+            "held-out (%s), reference %s, LoRA %s, output_dir %s",
             cfg.loss_type,
             cfg.beta,
             self.total_steps,
             cfg.model.path,
             cfg.train_dataset.batch_size,
             len(self.train_pairs),
+            cfg.train_dataset.path,
             len(self.valid_pairs),
+            evaluation_note(cfg, self.is_main),
             type(self.reference).__name__,
             f"r={cfg.model.lora.r}" if cfg.model.lora is not None else "off",
             self.output_dir,
@@ -350,16 +362,17 @@ class DPOTrainer(RecoverableStepLoop):
 
 
 def run(config: DPOConfig) -> int:
-    """Train with DPO as configured; returns the exit status (2: bad input, one line; 1: a
-    recover checkpoint that does not match)."""
+    """Train with DPO as configured; returns the exit status (2: bad input, one line; 1:
+    a recover checkpoint that does not match, or a run of non-finite steps; 143: stopped by
+    SIGTERM after a recover checkpoint)."""
     trainer = build_or_report(DPOTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
-    except recover.RecoverError as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

@@ -19,6 +19,7 @@ applies FSDP2 itself on the process group Accelerate made, so:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,10 +118,18 @@ def check_engine_launch(
 def check_extras(config: Any) -> None:
     """Raise :class:`ConfigError` naming the key and the extra to install for the first
     optional feature ``config`` (any trainer's root config) asks for whose packages are
-    missing (:mod:`areal_m2po.utils.extras`), or a built-in model that cannot be made here."""
+    missing (:mod:`areal_m2po.utils.extras`), a built-in model that cannot be made here, or
+    an ``attn_implementation: flash_attention_2`` without the ``flash_attn`` package."""
     check_config_extras(config)
     for key, value in _string_values(config):
         check_builtin_packages(key, value)
+        flash = value == "flash_attention_2" and key.endswith("attn_implementation")
+        if flash and importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError(
+                key,
+                "flash_attention_2 needs the flash_attn package (not installed; CUDA only): "
+                "pip install flash-attn, or use sdpa",
+            )
 
 
 def _string_values(section: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -36,15 +36,18 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
+from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, library_actor_loss, load_actor_loss_fn
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
+    evaluation_note,
     make_stats_logger,
     start_run,
     write_run_config,
@@ -58,9 +61,7 @@ from areal_m2po.utils.imports import load_object
 
 logger = logging.getLogger("areal_m2po.trainer")
 
-
-class NonFiniteTrainingError(RuntimeError):
-    """Too many consecutive training steps were skipped for a non-finite loss or gradient."""
+__all__ = ["RLTrainer", "run"]
 
 
 class RLTrainer(RecoverableStepLoop):
@@ -92,7 +93,6 @@ class RLTrainer(RecoverableStepLoop):
         ctx = start_run(cfg)
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
-        write_run_config(cfg, ctx)
         self._check_launch()
         from areal_m2po.reward import load_reward_fn
 
@@ -101,11 +101,13 @@ class RLTrainer(RecoverableStepLoop):
         if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
             load_object(cfg.rollout.workflow, "rollout.workflow")
         self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
+        critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
+        load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
         self._build_data()
         self._build_models()
         self.stats_logger = make_stats_logger(cfg, ctx)
         self.step = 0  # finished training steps
-        self.consecutive_skipped = 0  # steps in a row whose update had a non-finite loss/grad
+        self.skip_streaks = {}  # per section: steps in a row whose update was skipped
         self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
         self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
 
@@ -160,6 +162,7 @@ class RLTrainer(RecoverableStepLoop):
         )
 
     def _build_models(self) -> None:
+        from areal_m2po.engine.precision import load_dtype
         from areal_m2po.engine.train_engine import HFTrainEngine
         from areal_m2po.trainer.ppo.actor import PPOActor
         from areal_m2po.trainer.ppo.teacher import build_teacher
@@ -189,9 +192,8 @@ class RLTrainer(RecoverableStepLoop):
             critic_cfg = cfg.critic
             if critic_cfg.path == TrainEngineConfig.path:  # default: the actor's model
                 critic_cfg.path = cfg.actor.path
-            model = load_value_model(
-                critic_cfg.path, critic_cfg.dtype, critic_cfg.attn_implementation
-            )
+            dtype = load_dtype(critic_cfg.dtype, True, critic_cfg.lora is not None)
+            model = load_value_model(critic_cfg.path, dtype, critic_cfg.attn_implementation)
             engine = HFTrainEngine(
                 critic_cfg,
                 self.accelerator,
@@ -212,7 +214,9 @@ class RLTrainer(RecoverableStepLoop):
         """Tell the actor whether the engine's log-probs are the trainer's own; warn once when
         they are not and no proximal forward pass will correct or measure the difference."""
         engine = self.rollout.engine
-        self.actor.exact_behave_logp = bool(getattr(engine, "exact_logprobs", False))
+        # float16 mixed precision: the trainer computes under autocast, the engine does not
+        exact = getattr(engine, "exact_logprobs", False) and not self.actor_engine.precision.enabled
+        self.actor.exact_behave_logp = bool(exact)
         a = self.config.actor
         forward = a.recompute_logprob and a.prox_logp_method == "recompute"
         if not self.actor.exact_behave_logp and not forward and self.is_main:
@@ -237,8 +241,9 @@ class RLTrainer(RecoverableStepLoop):
 
         def policy_model() -> torch.nn.Module:
             # sharded: an unsharded copy gathered once (the engine copies what it is given)
-            # lora: a plain model holding the merged weights
-            return engine.build_full_model() if engine.sharded or engine.lora else engine.unwrapped
+            # lora: a plain model holding the merged weights; float16: a float16 copy
+            copy = engine.sharded or engine.lora or engine.precision.enabled
+            return engine.build_full_model() if copy else engine.unwrapped
 
         parts = RolloutParts(
             tokenizer=self.tokenizer,
@@ -360,7 +365,7 @@ class RLTrainer(RecoverableStepLoop):
         trainer: dict[str, Any] = {
             "step": self.step,
             "n_rollouts": self.n_rollouts,
-            "consecutive_skipped": self.consecutive_skipped,
+            "skip_streaks": dict(self.skip_streaks or {}),
             "loader": self.loader.state_dict(),
             "actor": self.actor.state_dict(),
         }
@@ -388,7 +393,8 @@ class RLTrainer(RecoverableStepLoop):
         def load_trainer(state: Mapping[str, Any]) -> None:
             self.loader.load_state_dict(state["loader"])
             self.step, self.rollout.n_rollouts = int(state["step"]), int(state["n_rollouts"])
-            self.consecutive_skipped = int(state["consecutive_skipped"])
+            streaks = state.get("skip_streaks", {"actor": state.get("consecutive_skipped", 0)})
+            self.skip_streaks = {k: int(v) for k, v in streaks.items()}
             self.actor.load_state_dict(state["actor"])
             if self.learned_reward is not None and "learned_reward" in state:
                 self.learned_reward.load_state_dict(state["learned_reward"])
@@ -420,12 +426,13 @@ class RLTrainer(RecoverableStepLoop):
     def _train(self) -> None:
         cfg = self.config
         resumed = self.resume()
+        write_run_config(cfg, self)
         # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         self.rollout.start(self.actor_engine.full_tensors, self.actor_engine.version)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
-            "output_dir %s",
+            "train on %s, %s, output_dir %s",
             self.total_steps,
             cfg.actor.path,
             cfg.train_dataset.batch_size,
@@ -434,6 +441,8 @@ class RLTrainer(RecoverableStepLoop):
             f"m2_threshold={cfg.actor.m2_threshold} ({cfg.actor.m2_scope})"
             if cfg.actor.m2_threshold is not None
             else "off",
+            cfg.train_dataset.path,
+            evaluation_note(cfg, self.is_main),
             self.output_dir,
         )
         if self.is_main and self.actor_loss_fn is library_actor_loss:
@@ -460,26 +469,21 @@ class RLTrainer(RecoverableStepLoop):
                     break
         self._save_final()
 
-    def _after_step(self, stats: dict[str, float]) -> bool:
-        """Fault counting and recover checkpoints after a logged step; True: stop (SIGTERM)."""
+    _skip_hint = " or check the rewards"
+
+    def _skip_sections(self) -> list[tuple[str, int | None, Callable[[dict[str, float]], bool]]]:
+        """The actor's and, when on, the critic's updates (``*/skipped_steps``)."""
         cfg = self.config
-        skipped = stats.get("actor/skipped_steps", 0.0) > 0
-        self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
-        limit = cfg.actor.max_consecutive_skipped_steps
-        if limit is not None and self.consecutive_skipped >= limit:
-            last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
-            where = (
-                f"The last good recover checkpoint is {last}"
-                if last
-                else "There is no recover checkpoint"
-            )
-            raise NonFiniteTrainingError(
-                f"the last {self.consecutive_skipped} training steps (up to step {self.step}) "
-                "were skipped for a non-finite loss or gradient "
-                f"(actor.max_consecutive_skipped_steps={limit}); stopping. {where}. Lower "
-                "actor.optimizer.lr or check the rewards, then rerun with recover.mode=auto."
-            )
-        return self._checkpoint_after_step(good=not skipped)
+        sections = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.critic.enabled else [])
+        return [
+            (name, section.max_consecutive_skipped_steps, _skipped_stat(f"{name}/skipped_steps"))
+            for name, section in sections
+        ]
+
+    def _after_step(self, stats: dict[str, float]) -> bool:
+        """A recover checkpoint after a logged step (not after a skipped update, counted by
+        :meth:`_end_step`); True: stop (SIGTERM)."""
+        return self._checkpoint_after_step(good=not self.step_skipped)
 
     def close(self) -> None:
         """The rollout side, the reward runner, then :meth:`StepLoop.close`."""
@@ -504,9 +508,9 @@ def run(config: PPOConfig) -> int:
 
     try:
         trainer.train()
-    except (recover.RecoverError, NonFiniteTrainingError) as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     except RolloutServerError as exc:
         last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
         msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"
@@ -515,6 +519,11 @@ def run(config: PPOConfig) -> int:
     finally:
         trainer.close()
     return 0
+
+
+def _skipped_stat(key: str) -> Callable[[dict[str, float]], bool]:
+    """Whether a step's stats hold a positive ``key``."""
+    return lambda stats: stats.get(key, 0.0) > 0
 
 
 def _shards(shard_dir: str | None, part: str) -> str | None:

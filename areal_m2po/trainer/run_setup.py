@@ -1,8 +1,10 @@
-"""What every trainer does before it builds its parts: threads, the Accelerator, logging, the
-seed, the output directory with the resolved ``config.yaml``, and the metrics logger."""
+"""What every trainer does before it builds its parts (the start-up checks, threads, the
+Accelerator, logging, the seed) and before its first step (the resolved ``config.yaml``), and
+its metrics logger."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -12,9 +14,13 @@ import torch
 
 from areal_m2po.trainer.node_check import check_processes_agree
 from areal_m2po.trainer.preflight import check_extras
+from areal_m2po.trainer.run_folder import check_output_dir
+from areal_m2po.trainer.startup_paths import check_paths
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
 from areal_m2po.utils.host_memory import set_mmap_threshold
+
+logger = logging.getLogger("areal_m2po.trainer")
 
 TrainerT = TypeVar("TrainerT")
 
@@ -45,11 +51,14 @@ def start_run(config: Any) -> RunContext:
     (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
     ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``); a
     feature it asks for whose optional packages are missing is refused first
-    (:func:`~areal_m2po.trainer.preflight.check_extras`), and processes that disagree on the
-    config, the files it names, package versions or the checkpoint to resume, or that do not
-    share ``output_dir``, are stopped in one line
+    (:func:`~areal_m2po.trainer.preflight.check_extras`), then a path that cannot be used
+    (:func:`~areal_m2po.trainer.startup_paths.check_paths`) and an ``output_dir`` holding
+    another run (:func:`~areal_m2po.trainer.run_folder.check_output_dir`): ConfigError; and
+    processes that disagree on the config, the files it names, package versions or the
+    checkpoint to resume, or that do not share ``output_dir``, are stopped in one line
     (:func:`~areal_m2po.trainer.node_check.check_processes_agree`)."""
     check_extras(config)
+    check_paths(config)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     from accelerate import Accelerator
@@ -60,6 +69,7 @@ def start_run(config: Any) -> RunContext:
         set_mmap_threshold(config.host_mmap_threshold_mib)
     accelerator = Accelerator(cpu=on_cpu)
     setup_logging(accelerator.is_main_process)
+    check_output_dir(config, dist.world_size())
     set_seed(config.seed)
     assert config.output_dir is not None  # filled in by the config's __post_init__
     check_processes_agree(config, config.output_dir)
@@ -72,8 +82,12 @@ def start_run(config: Any) -> RunContext:
     )
 
 
-def write_run_config(config: Any, ctx: RunContext) -> None:
-    """Rank 0 creates the output directory and writes the resolved config to ``config.yaml``."""
+def write_run_config(config: Any, ctx: Any) -> None:
+    """Rank 0 creates the output directory and writes the resolved config to ``config.yaml``.
+    ``ctx``: the :class:`RunContext` (or the trainer: anything with ``is_main`` and
+    ``output_dir``). A trainer calls it once every start-up check passed and a resumed
+    checkpoint loaded, right before its first step, so the folder keeps describing its
+    checkpoints until then."""
     if ctx.is_main:
         os.makedirs(ctx.output_dir, exist_ok=True)
         from areal_m2po.api.config_loader import save_config
@@ -93,6 +107,32 @@ def make_stats_logger(config: Any, ctx: RunContext) -> Any:
         asdict(config),
         is_main=ctx.is_main,
     )
+
+
+def evaluation_note(config: Any, is_main: bool) -> str:
+    """What the run evaluates on, for its start-up line: ``eval on <valid_dataset.path>
+    (<split>)``, or ``no evaluation`` (no held-out set, or ``evaluator`` never due). When the
+    training data are the user's and the held-out set is a built-in task, the main process
+    also warns once that the evaluation measures that task."""
+    valid = getattr(config, "valid_dataset", None)
+    ev = config.evaluator
+    if (
+        valid is None
+        or valid.path is None
+        or not (ev.freq_steps or ev.eval_at_start or ev.eval_at_end)
+    ):
+        return "no evaluation"
+    train = config.train_dataset.path
+    builtin = "builtin:"
+    if is_main and valid.path.startswith(builtin) and not str(train).startswith(builtin):
+        logger.warning(
+            "training on %s but evaluating on the built-in task %s (valid_dataset.path): the "
+            "eval/ metrics measure that task; set valid_dataset.path to held-out data of "
+            "your own, or valid_dataset=null to evaluate nothing",
+            train,
+            valid.path,
+        )
+    return f"eval on {valid.path} ({valid.split})"
 
 
 def build_or_report(build: Callable[[Any], TrainerT], config: Any) -> TrainerT | None:

@@ -33,16 +33,19 @@ from areal_m2po.api.cli_args import (
     RWModelConfig,
     TrainEngineConfig,
 )
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.preflight import check_batch_split
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
+    evaluation_note,
     make_stats_logger,
     start_run,
     write_run_config,
 )
 from areal_m2po.trainer.step_loop import StepLoop, epoch_loader
 from areal_m2po.utils import dist
+from areal_m2po.utils.console import print_error
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 
@@ -131,6 +134,7 @@ def _engine_config(mcfg: RWModelConfig) -> TrainEngineConfig:
         attn_implementation=mcfg.attn_implementation,
         optimizer=mcfg.optimizer,
         mb_spec=mcfg.mb_spec,
+        max_consecutive_skipped_steps=mcfg.max_consecutive_skipped_steps,
     )
 
 
@@ -145,7 +149,6 @@ class RWTrainer(StepLoop):
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
         self._build_data()
-        write_run_config(cfg, ctx)
         self._build_model()
         self.stats_logger = make_stats_logger(cfg, ctx)
         self.step = 0
@@ -165,12 +168,14 @@ class RWTrainer(StepLoop):
         self.loader, self.total_steps = epoch_loader(self.train_pairs, cfg)
 
     def _build_model(self) -> None:
+        from areal_m2po.engine.precision import load_dtype
         from areal_m2po.engine.train_engine import HFTrainEngine
         from areal_m2po.reward.reward_model import LastTokenScorer, load_reward_model
 
         mcfg = self.config.model
+        dtype = load_dtype(mcfg.dtype, True, mcfg.lora is not None)  # float16: float32 masters
         model = load_reward_model(
-            mcfg.path, mcfg.dtype, mcfg.attn_implementation, self.tokenizer.pad_token_id
+            mcfg.path, dtype, mcfg.attn_implementation, self.tokenizer.pad_token_id
         )
         if mcfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -199,7 +204,8 @@ class RWTrainer(StepLoop):
         """(chosen, rejected) rewards ``[P]`` of ``pairs`` in one forward (right padding)."""
         batch = collate_pairs(pairs, self.tokenizer.pad_token_id)
         mb = {k: v.to(self.engine.device) for k, v in batch.items()}
-        scores, _ = score_pairs(self.engine.model, mb, 1.0, False)
+        with self.engine.precision.autocast():
+            scores, _ = score_pairs(self.engine.model, mb, 1.0, False)
         return scores[:, 0], scores[:, 1]
 
     def _gathered_stats(
@@ -229,6 +235,7 @@ class RWTrainer(StepLoop):
                 "train/loss": loss_stats["loss"],
                 "train/grad_norm": train_stats["grad_norm"],
                 "train/lr": train_stats["lr"],
+                "train/skipped": train_stats["skipped"],
             }
         )
         return stats
@@ -277,15 +284,18 @@ class RWTrainer(StepLoop):
 
     def train(self) -> None:
         cfg = self.config
+        write_run_config(cfg, self)
         self.stats_logger.start()
         logger.info(
-            "training a reward model for %d steps: %s, %d pairs per step, %d train / %d held-out "
-            "pairs, output_dir %s",
+            "training a reward model for %d steps: %s, %d pairs per step, %d train pairs (%s) / "
+            "%d held-out (%s), output_dir %s",
             self.total_steps,
             cfg.model.path,
             cfg.train_dataset.batch_size,
             len(self.train_pairs),
+            cfg.train_dataset.path,
             len(self.valid_pairs),
+            evaluation_note(cfg, self.is_main),
             self.output_dir,
         )
         if cfg.evaluator.eval_at_start and self.valid_pairs:
@@ -294,12 +304,16 @@ class RWTrainer(StepLoop):
 
 
 def run(config: RWConfig) -> int:
-    """Train a reward model as configured; returns the exit status (2: bad input, one line)."""
+    """Train a reward model as configured; returns the exit status (2: bad input, one line;
+    1: a run of non-finite steps)."""
     trainer = build_or_report(RWTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
+    except RunError as exc:  # non-finite steps
+        print_error(exc)
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

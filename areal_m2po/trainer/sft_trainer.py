@@ -10,7 +10,8 @@ batch whatever the split. DDP and FSDP2 (``model.backend``) and LoRA (``model.lo
 engine's.
 
 Metrics: ``sft/loss`` (nats per completion token), ``sft/perplexity``, ``sft/n_tokens``,
-``sft/grad_norm``, ``sft/lr``, ``sft/epoch``, ``sft/skipped`` (non-finite step); ``eval/loss``, ``eval/perplexity``,
+``sft/grad_norm``, ``sft/lr``, ``sft/epoch``, ``sft/skipped`` (non-finite step),
+``sft/loss_scale`` (``model.dtype=float16``); ``eval/loss``, ``eval/perplexity``,
 ``eval/n_tokens`` on the held-out split. Outputs as the other trainers: ``config.yaml``,
 ``metrics.jsonl``, ``checkpoints/<tag>`` (HF format), ``recover/step_<N>``.
 
@@ -30,11 +31,13 @@ import torch
 
 from areal_m2po.algo.sft_loss import sft_nll_loss
 from areal_m2po.api.cli_args import SFTConfig, SFTDatasetConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
+    evaluation_note,
     make_stats_logger,
     start_run,
     write_run_config,
@@ -106,7 +109,6 @@ class SFTTrainer(RecoverableStepLoop):
             str(self.accelerator.mixed_precision),
         )
         self._build_data()
-        write_run_config(cfg, ctx)
         from areal_m2po.engine.train_engine import HFTrainEngine
 
         self.engine = HFTrainEngine(cfg.model, self.accelerator, self.total_steps)
@@ -162,7 +164,7 @@ class SFTTrainer(RecoverableStepLoop):
         self.engine.version += 1
         n_tokens = float(dist.all_reduce_sum(batch["loss_mask"].sum().double().reshape(1))[0])
         nll = loss_stats.get("nll", math.nan)
-        return {
+        stats = {
             "sft/loss": nll,
             "sft/perplexity": math.exp(min(nll, 50.0)),
             "sft/n_tokens": n_tokens,
@@ -170,6 +172,9 @@ class SFTTrainer(RecoverableStepLoop):
             "sft/lr": train_stats["lr"],
             "sft/skipped": train_stats["skipped"],
         }
+        if "loss_scale" in train_stats:  # model.dtype=float16
+            stats["sft/loss_scale"] = train_stats["loss_scale"]
+        return stats
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -207,7 +212,11 @@ class SFTTrainer(RecoverableStepLoop):
         weights, optimizer, scheduler; sharded into ``shard_dir/model_shards``), ``rank`` (RNG)."""
         shards = None if shard_dir is None else os.path.join(shard_dir, "model_shards")
         return {
-            "trainer": {"step": self.step, "loader": self.loader.state_dict()},
+            "trainer": {
+                "step": self.step,
+                "loader": self.loader.state_dict(),
+                "skip_streaks": dict(self.skip_streaks or {}),
+            },
             "model": self.engine.training_state(shards),
             "rank": {"rank": self.rank, "rng": recover.capture_rng()},
         }
@@ -218,6 +227,7 @@ class SFTTrainer(RecoverableStepLoop):
         def load_trainer(state: Mapping[str, Any]) -> None:
             self.loader.load_state_dict(state["loader"])
             self.step = int(state["step"])
+            self.skip_streaks = {k: int(v) for k, v in state.get("skip_streaks", {}).items()}
 
         return [
             ("trainer", load_trainer),
@@ -230,15 +240,18 @@ class SFTTrainer(RecoverableStepLoop):
     def _train(self) -> None:
         cfg = self.config
         resumed = self.resume()
+        write_run_config(cfg, self)
         self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         logger.info(
-            "supervised fine-tuning for %d steps: %s, %d examples per step, %d train / %d "
-            "held-out examples, LoRA %s, output_dir %s",
+            "supervised fine-tuning for %d steps: %s, %d examples per step, %d train examples "
+            "(%s) / %d held-out (%s), LoRA %s, output_dir %s",
             self.total_steps,
             cfg.model.path,
             cfg.train_dataset.batch_size,
             len(self.train_examples),
+            cfg.train_dataset.path,
             len(self.valid_examples),
+            evaluation_note(cfg, self.is_main),
             f"r={cfg.model.lora.r}" if cfg.model.lora is not None else "off",
             self.output_dir,
         )
@@ -250,16 +263,17 @@ class SFTTrainer(RecoverableStepLoop):
 
 
 def run(config: SFTConfig) -> int:
-    """Fine-tune as configured; returns the exit status (2: bad input, one line; 1: a recover
-    checkpoint that does not match)."""
+    """Fine-tune as configured; returns the exit status (2: bad input, one line; 1:
+    a recover checkpoint that does not match, or a run of non-finite steps; 143: stopped by
+    SIGTERM after a recover checkpoint)."""
     trainer = build_or_report(SFTTrainer, config)
     if trainer is None:
         return EXIT_BAD_INPUT
     try:
         trainer.train()
-    except recover.RecoverError as exc:
+    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
         print_error(exc)
-        return 1
+        return exc.exit_status
     finally:
         trainer.close()
     return 0

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from areal_m2po.api.errors import NonFiniteTrainingError, RunStopped
 from areal_m2po.trainer.cadence import Cadence
 from areal_m2po.utils import dist, recover
 
@@ -71,6 +72,11 @@ class StepLoop:
     is_main: bool
     tokenizer: Any
     stop_requested: bool = False
+    step_skipped: bool = False
+    skip_streaks: dict[str, int] | None = None
+    """Per trained section (``model``, ``actor``, ``critic``): the steps in a row whose
+    update was skipped for a non-finite loss or gradient (:meth:`_count_skipped_steps`)."""
+    _skip_hint: str = ""
 
     def evaluate(self) -> dict[str, float]:
         """The held-out metrics (``eval/*``)."""
@@ -124,21 +130,69 @@ class StepLoop:
             by_time = bool(dist.all_reduce_max(torch.tensor([float(by_time)]))[0] > 0)
         return by_time
 
+    def _skip_sections(self) -> list[tuple[str, int | None, Callable[[dict[str, float]], bool]]]:
+        """``(section, limit, skipped)`` of every trained section: its config key, its
+        ``max_consecutive_skipped_steps`` and whether a step's stats say its update was
+        skipped. Default: the ``model`` section, skipped when any ``*/skipped`` stat is
+        positive (the supervised trainers)."""
+
+        def skipped(stats: dict[str, float]) -> bool:
+            return any(v > 0 for k, v in stats.items() if k.endswith("/skipped"))
+
+        return [("model", self.config.model.max_consecutive_skipped_steps, skipped)]
+
+    def _count_skipped_steps(self, stats: dict[str, float]) -> NonFiniteTrainingError | None:
+        """Count step ``self.step``'s skipped updates (``self.step_skipped``: whether any
+        was); the error to stop with when a section's update was skipped
+        ``max_consecutive_skipped_steps`` times in a row."""
+        if self.skip_streaks is None:
+            self.skip_streaks = {}
+        self.step_skipped = False
+        for section, limit, skipped in self._skip_sections():
+            is_skipped = skipped(stats)
+            self.step_skipped |= is_skipped
+            streak = self.skip_streaks.get(section, 0) + 1 if is_skipped else 0
+            self.skip_streaks[section] = streak
+            if limit is not None and streak >= limit:
+                last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
+                where = (
+                    f"The last good recover checkpoint is {last}"
+                    if last
+                    else ("There is no recover checkpoint")
+                )
+                return NonFiniteTrainingError(
+                    f"the last {streak} training steps (up to step {self.step}) were skipped "
+                    f"for a non-finite loss or gradient ({section}.max_consecutive_skipped_"
+                    f"steps={limit}); stopping. {where}. Lower {section}.optimizer.lr"
+                    f"{self._skip_hint}, then rerun (recover.mode=auto resumes from a "
+                    "checkpoint)."
+                )
+        return None
+
     def _end_step(self, stats: dict[str, float], t_start: float) -> None:
         """After step ``self.step`` (already counted): evaluation when due (the evaluator's
         cadence, and after the last step with ``eval_at_end``), an HF save when the saver's
         cadence says so, then ``stats["timing/step_s"]`` (wall seconds since ``t_start``, a
-        ``time.perf_counter`` value) and the step's metrics line."""
+        ``time.perf_counter`` value) and the step's metrics line.
+
+        Raises:
+            NonFiniteTrainingError: after the metrics line (and without evaluating or saving)
+                when this step makes too many skipped steps in a row
+                (:meth:`_count_skipped_steps`).
+        """
         cfg = self.config
+        stop = self._count_skipped_steps(stats)
         last = self.step == self.total_steps
-        if self._due("evaluator") or (last and cfg.evaluator.eval_at_end):
+        if stop is None and (self._due("evaluator") or (last and cfg.evaluator.eval_at_end)):
             stats.update(self.evaluate())
             self._cadence("evaluator").ran()
-        if self._due("saver"):
+        if stop is None and self._due("saver"):
             self.save_hf(f"step_{self.step}")
             self._cadence("saver").ran()
         stats["timing/step_s"] = time.perf_counter() - t_start
         self.stats_logger.log(self.step, stats)
+        if stop is not None:
+            raise stop
 
     def _save_final(self) -> None:
         """The ``final`` HF save after the loop (``saver.save_at_end``; not after SIGTERM)."""
@@ -215,13 +269,23 @@ class RecoverableStepLoop(StepLoop):
         return path is not None
 
     def train(self) -> None:
-        """Run the loop with SIGTERM turned into a checkpoint after the current step."""
+        """Run the loop with SIGTERM turned into a checkpoint after the current step.
+
+        Raises:
+            RunStopped: after that checkpoint (the run is not finished: exit status 143).
+        """
         restore_handler = recover.install_sigterm_handler(self._on_sigterm)
         self._start_cadences()
         try:
             self._train()
         finally:
             restore_handler()
+        if self.stop_requested:
+            raise RunStopped(
+                f"stopped by SIGTERM after step {self.step} of {self.total_steps}; its recover "
+                f"checkpoint is in {recover.recover_root(self.output_dir)}: rerun with "
+                "recover.mode=auto to continue"
+            )
 
     def _on_sigterm(self) -> None:
         self.stop_requested = True
@@ -235,6 +299,7 @@ class RecoverableStepLoop(StepLoop):
         stop = self.stop_requested
         if dist.is_distributed():  # a signal may reach only some ranks
             stop = bool(dist.all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
+        self.stop_requested = stop  # every rank: no final save, the same exit status
         periodic = cfg.recover.mode != "disabled" and self._due("recover") and good
         if (periodic or stop) and self._last_recover_step != self.step:
             self.save_checkpoint()

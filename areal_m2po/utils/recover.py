@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from areal_m2po.api.errors import RunError
+
 __all__ = [
     "FORMAT_VERSION",
     "RecoverError",
@@ -52,7 +54,7 @@ _OLD_PREFIX = ".old-"
 META = "meta.json"
 
 
-class RecoverError(RuntimeError):
+class RecoverError(RunError):
     """A recover checkpoint is missing, unreadable or does not match this run."""
 
 
@@ -255,8 +257,8 @@ def read_meta(path: str, world_size: int, config: Mapping[str, Any]) -> dict[str
         found = meta.get("format") if isinstance(meta, dict) else None
         raise RecoverError(
             f"recover checkpoint file {meta_path} has format {found!r} (an older areal_m2po); "
-            f"this version reads format {FORMAT_VERSION}: start fresh with recover.mode=disabled "
-            "or another output_dir"
+            f"this version reads format {FORMAT_VERSION}: start afresh there with "
+            "overwrite_output_dir=true, or choose another output_dir"
         )
     if meta.get("world_size") != world_size:
         raise RecoverError(

@@ -1,9 +1,10 @@
 """Per-step metrics: ``metrics.jsonl``, a compact console line, wandb, TensorBoard and the step
 bar on a terminal (:meth:`StatsLogger.progress`).
 
-Only the main process writes. ``metrics.jsonl`` holds one JSON object per step; on resume the
-lines of steps at or after the resume step are dropped first, so the file never holds a
-duplicate or a gap.
+Only the main process writes. ``metrics.jsonl`` holds one JSON object per step, each line
+written whole with one write; on resume the lines of steps at or after the resume step are
+dropped first, so the file never holds a duplicate or a gap. A run killed mid-write can leave a
+partial last line: every reader (:func:`read_metrics`, the resume) skips it with a warning.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from typing import Any
 
 from areal_m2po.api.cli_args import StatsLoggerConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.utils.progress import HEADLINE_FIELDS, StepProgress
 
 logger = logging.getLogger("areal_m2po.stats")
@@ -39,6 +41,41 @@ _CONSOLE_FIELDS = (
     ("actor/entropy", "ent", "{:.3f}"),
     ("timing/step_s", "t", "{:.1f}s"),
 )
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, in order (blank lines skipped).
+
+    A last line that is not a whole JSON object (a run killed while writing it) is skipped with
+    a warning naming it.
+
+    Raises:
+        ValueError: a malformed line before the last, naming ``file:line``.
+    """
+    return [record for record, _ in _read_lines(path)]
+
+
+def _read_lines(path: str) -> list[tuple[dict[str, Any], str]]:
+    """``(record, line text)`` of :func:`read_metrics`."""
+    with open(path, encoding="utf-8") as fh:
+        lines = [(n, line.strip()) for n, line in enumerate(fh, 1) if line.strip()]
+    out = []
+    for i, (lineno, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            record, problem = None, exc.msg
+        else:
+            problem = "not a JSON object"
+        if not isinstance(record, dict):
+            if i == len(lines) - 1:
+                logger.warning(
+                    "%s:%d: skipped a partial last line (a run killed mid-write)", path, lineno
+                )
+                break
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({problem})")
+        out.append((record, line))
+    return out
 
 
 def _jsonable(v: Any) -> Any:
@@ -86,7 +123,9 @@ class StatsLogger:
         return self._progress
 
     def start(self, resume_step: int = 0) -> None:
-        """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step."""
+        """Open the sinks; with ``resume_step > 0`` drop metrics of steps >= resume_step and
+        continue the wandb run of ``wandb_run_id.txt``; ``0``: a fresh run (an empty
+        ``metrics.jsonl``, a new wandb run)."""
         if not self.is_main:
             return
         os.makedirs(self.output_dir, exist_ok=True)
@@ -98,7 +137,7 @@ class StatsLogger:
 
             id_file = os.path.join(self.output_dir, "wandb_run_id.txt")
             run_id = None
-            if os.path.exists(id_file):
+            if resume_step > 0 and os.path.exists(id_file):
                 with open(id_file) as fh:
                     run_id = fh.read().strip() or None
             self._wandb_run = wandb.init(
@@ -121,22 +160,19 @@ class StatsLogger:
             self._tb = SummaryWriter(self.config.tensorboard.path)
 
     def _truncate_jsonl(self, resume_step: int) -> None:
+        """Keep the records of steps before ``resume_step`` (a partial last line dropped)."""
         if not os.path.exists(self.path):
             return
-        kept: list[str] = []
-        with open(self.path) as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a crash
-                if int(record.get("step", -1)) < resume_step:
-                    kept.append(line)
+        if resume_step <= 0:  # a fresh run: nothing of the old file is read or kept
+            open(self.path, "w").close()
+            return
+        try:
+            lines = _read_lines(self.path)
+        except ValueError as exc:
+            raise RunError(f"{exc}; remove or repair that line to continue the run") from None
+        kept = [line for record, line in lines if int(record.get("step", -1)) < resume_step]
         tmp = self.path + ".tmp"
-        with open(tmp, "w") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.writelines(k + "\n" for k in kept)
         os.replace(tmp, self.path)
 
@@ -145,8 +181,8 @@ class StatsLogger:
         if not self.is_main:
             return
         record = {"step": step, **{k: _jsonable(float(v)) for k, v in sorted(stats.items())}}
-        if self.config.jsonl:
-            with open(self.path, "a") as fh:
+        if self.config.jsonl:  # one whole line per write
+            with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
                 fh.flush()
         if self._wandb_run is not None:

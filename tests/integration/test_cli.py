@@ -129,7 +129,7 @@ BAD_INPUTS: list[tuple[str, Argv, str, str]] = [
         "actor.overlong_tokens",
         "max_new_tokens (16)",
     ),
-    ("empty-name", ["experiment_name="], "experiment_name", "must not be empty"),
+    ("empty-name", ["experiment_name="], "experiment_name", "empty value (an unset shell"),
     (
         "critic-group-adv",
         ["critic.enabled=true"],

@@ -188,7 +188,7 @@ def test_crash_mid_write_leaves_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_resume_mode_without_checkpoint_fails_clearly(tmp_path, capsys):
     cfg = make_cfg(tmp_path, steps=1, recover=RecoverConfig(mode="resume"))
-    assert run_cfg(cfg) == 1
+    assert run_cfg(cfg) == 2  # refused at start-up, before any model loads
     err = capsys.readouterr().err
     assert "recover.mode=resume" in err and "no recover checkpoint" in err
     assert recover.recover_root(cfg.output_dir) in err
@@ -201,9 +201,12 @@ def test_disabled_mode_writes_no_periodic_checkpoint_and_starts_fresh(tmp_path):
     assert [s for s, _ in recover.list_checkpoints(root)] == [1]
     # another seed: loading that checkpoint would fail, so a clean run proves none was loaded
     cfg = make_cfg(tmp_path, steps=2, staleness=0, seed=6, recover=RecoverConfig(mode="disabled"))
+    assert run_cfg(cfg) == 2  # the folder holds the first run: refused at start-up
+    assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched
+    cfg.overwrite_output_dir = True
     assert run_cfg(cfg) == 0
     assert [r["step"] for r in read_metrics(cfg.output_dir)] == [1, 2]
-    assert [s for s, _ in recover.list_checkpoints(root)] == [1]  # untouched: nothing saved
+    assert recover.list_checkpoints(root) == []  # the replaced run's is deleted, none written
 
 
 # ------------------------------------------------------------------- bad checkpoints
@@ -243,7 +246,7 @@ def test_corrupt_or_mismatched_checkpoint_names_the_file(tmp_path, saved_checkpo
     # a different run (batch size) and a different number of processes
     new, ckpt = _copy_run(cfg, tmp_path, "other_run")
     new.train_dataset.batch_size = 8
-    assert run_cfg(new) == 1
+    assert run_cfg(new) == 2  # meta.json is checked at start-up
     err = capsys.readouterr().err
     assert os.path.join(ckpt, "meta.json") in err and "train_dataset.batch_size" in err
 
@@ -251,7 +254,7 @@ def test_corrupt_or_mismatched_checkpoint_names_the_file(tmp_path, saved_checkpo
     meta = json.loads(Path(ckpt, "meta.json").read_text())
     meta["world_size"] = 2
     Path(ckpt, "meta.json").write_text(json.dumps(meta))
-    assert run_cfg(new) == 1
+    assert run_cfg(new) == 2
     err = capsys.readouterr().err
     assert os.path.join(ckpt, "meta.json") in err and "2 processes" in err
 
@@ -269,7 +272,9 @@ def test_rng_roundtrip():
 
 
 # ----------------------------------------------------------------------------------- SIGTERM
-def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    """SIGTERM: a recover checkpoint after the current step, one line saying how to continue,
+    and the status of a process ended by SIGTERM (the run is not finished)."""
     from areal_m2po.api.config_loader import save_config
 
     cfg = make_cfg(tmp_path, steps=500, recover=RecoverConfig(mode="auto", freq_steps=1000))
@@ -289,9 +294,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 143, err[-3000:]
     steps = [r["step"] for r in read_metrics(cfg.output_dir)]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 500
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: stopped by SIGTERM after step {steps[-1]} of 500; its recover checkpoint is in "
+        f"{recover.recover_root(cfg.output_dir)}: rerun with recover.mode=auto to continue"
+    ]
     found = recover.list_checkpoints(recover.recover_root(cfg.output_dir))
     assert [s for s, _ in found] == [steps[-1]]  # the step it stopped after
     assert "SIGTERM" in err

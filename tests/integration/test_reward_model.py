@@ -383,9 +383,12 @@ def test_json_list_and_datasets_directory(tmp_path: Path):
 
 def test_cli_bad_data_exits_2_before_the_model_loads(tmp_path: Path, capsys):
     path = _write_jsonl(tmp_path / "prefs.jsonl", [_GOOD, {"prompt": "p", "rejected": "b"}])
+    unloadable = tmp_path / "model"  # passes the start-up path check, fails any load
+    unloadable.mkdir()
+    (unloadable / "config.json").write_text("not json")
     status = train_rm_main(
         [
-            "model.path=/nonexistent/reward-model",  # never reached: the data fails first
+            f"model.path={unloadable}",  # never reached: the data fails first
             "tokenizer_path=builtin:tiny",
             f"train_dataset.path={path}",
             f"output_dir={tmp_path / 'run'}",

@@ -58,7 +58,7 @@ def test_read_meta_checks_format_world_and_config(tmp_path):
         recover.read_meta(path, 1, {})
     msg = str(info.value)
     assert "\n" not in msg and meta_file in msg and "format 1" in msg
-    assert "reads format 2" in msg and "recover.mode=disabled" in msg
+    assert "reads format 2" in msg and "overwrite_output_dir=true" in msg
 
 
 def test_load_files_names_the_culprit_file(tmp_path):

@@ -33,7 +33,13 @@ _DTYPES.update({"float16": "float16", "bfloat16": "bfloat16"})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m areal_m2po.rollout_server", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m areal_m2po.rollout_server",
+        description="Serve a causal LM for asynchronous rollout, with SGLang's launch flags "
+        "(--model-path, --host, --port, ...) and the subset of its HTTP protocol the trainer "
+        "uses (docs/scaling.md). The trainer starts these servers itself; start one by hand to "
+        "share it, and give the trainer rollout.server_addrs=[HOST:PORT].",
+    )
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--tokenizer-path", default=None)
     p.add_argument("--host", default="127.0.0.1")

@@ -83,6 +83,7 @@ class PPOCritic:
                 mb, self._microbatch_loss, lambda m: float(m["loss_mask"].sum())
             )
             loss_stats["critic/grad_norm"] = train_stats["grad_norm"]
+            loss_stats["critic/skipped_steps"] = train_stats["skipped"]
             for key, v in loss_stats.items():
                 out[key] = out.get(key, 0.0) + v / k
         self.engine.version += 1
