@@ -198,8 +198,8 @@ TINY_RL = [
     "actor.optimizer.lr=1e-4",
     "gconfig.n_samples=2",
     "train_dataset.batch_size=2",
-    "train_dataset.max_prompt_length=512",
-    "valid_dataset.max_prompt_length=512",
+    "train_dataset.max_prompt_length=506",  # + 6 new tokens: the tiny model's 512 positions
+    "valid_dataset.max_prompt_length=506",
 ]
 
 

@@ -67,8 +67,10 @@ def tiny_overrides(run_dir, steps: int = 2, lr: float = 1e-2) -> list[str]:
         "train_dataset.path=builtin:arithmetic",
         "train_dataset.batch_size=4",
         "train_dataset.max_samples=64",
+        "train_dataset.max_prompt_length=256",  # + 8 new tokens: within builtin:tiny's 512
         "valid_dataset.path=builtin:arithmetic",
         "valid_dataset.batch_size=8",
+        "valid_dataset.max_prompt_length=256",
         "valid_dataset.max_samples=8",
         "reward.path=toy_rewards:digit_fraction",
         "evaluator.freq_steps=null",
