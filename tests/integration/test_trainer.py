@@ -380,8 +380,8 @@ def test_plot_without_m2po_and_bad_input(tmp_path, capsys):
     assert plot.main([str(run_dir)]) == 0
     assert (run_dir / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert plot.main([str(tmp_path / "missing")]) == 2
-    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": \n')
-    assert plot.main([str(run_dir)]) == 2
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": \n{"step": 3}\n')
+    assert plot.main([str(run_dir)]) == 2  # a broken line before the last: the file is damaged
     assert "metrics.jsonl:2: invalid JSON" in capsys.readouterr().err
 
 
