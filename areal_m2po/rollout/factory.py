@@ -5,7 +5,7 @@
 backend / mode     engine                                     executor
 =================  =========================================  ==================================
 hf, sync           :class:`~.engines.hf.HFInProcessEngine`    :class:`~.sync_executor.
-                   (a copy of the policy in this process)     SyncRolloutExecutor`
+                   (the policy in this process)               SyncRolloutExecutor`
 hf, async          :class:`~.engines.remote.sglang.           :class:`~.async_executor.
                    RemoteSGLangEngine` (``server_addrs``, or  AsyncRolloutExecutor`
                    ``n_servers`` HF rollout servers started
@@ -64,6 +64,8 @@ class RolloutParts:
         device: the trainer's device (sync: where generation runs).
         policy_model: sync mode with the HF backend: gives the policy as an unsharded module
             to copy (called once); otherwise unused.
+        share_policy: the module ``policy_model`` gives is the trainer's own, updated in place:
+            the HF engine generates from it without a copy (sync mode only).
         model_config: the policy's ``transformers`` config (saved with the weights).
         generation_config: the policy's generation config (its EOS ids end completions too).
     """
@@ -78,6 +80,7 @@ class RolloutParts:
     policy_model: Callable[[], torch.nn.Module]
     model_config: Any
     generation_config: Any = None
+    share_policy: bool = False
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
@@ -130,7 +133,9 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
     else:
         from areal_m2po.rollout.engines.hf import HFInProcessEngine
 
-        hf = HFInProcessEngine(parts.policy_model(), parts.tokenizer, parts.device)
+        hf = HFInProcessEngine(
+            parts.policy_model(), parts.tokenizer, parts.device, share=parts.share_policy
+        )
         engine, eos_ids = hf, list(hf.eos_ids)
     context = WorkflowContext(
         tokenizer=parts.tokenizer,

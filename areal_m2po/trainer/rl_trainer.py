@@ -76,6 +76,10 @@ class RLTrainer(RecoverableStepLoop):
         callbacks: step callbacks (:class:`~areal_m2po.api.callbacks.StepCallback`) of each phase.
     """
 
+    share_rollout_policy: bool = True
+    """Sync mode with the HF backend: generate from the actor's own module (no copy) when it is
+    a plain, unsharded one. A subclass sets False to generate from a copy (the same tokens)."""
+
     def __init__(
         self,
         config: PPOConfig,
@@ -232,12 +236,21 @@ class RLTrainer(RecoverableStepLoop):
             )
 
     def _build_rollout(self) -> RolloutExecutor:
-        """The rollout executor and engine of ``cfg.rollout`` (sync: a copy of the policy in
-        this process; async: rollout servers, no copy here)."""
+        """The rollout executor and engine of ``cfg.rollout`` (sync: generation from the policy
+        in this process, a plain copy of it for a sharded or LoRA policy; async: rollout
+        servers, no copy here)."""
         from areal_m2po.rollout.factory import RolloutParts, build_rollout
         from areal_m2po.rollout.rewards import RewardSources
 
         engine = self.actor_engine
+        # the sync HF engine generates from the trainer's own module: its weights are the
+        # behaviour policy's whenever it generates (the weight sync follows every update);
+        # without mixed precision, so that generation runs the very code a copy would
+        share = (
+            self.share_rollout_policy
+            and not (engine.sharded or engine.lora)
+            and str(self.accelerator.mixed_precision) == "no"
+        )
 
         def policy_model() -> torch.nn.Module:
             # sharded: an unsharded copy gathered once (the engine copies what it is given)
@@ -256,6 +269,7 @@ class RLTrainer(RecoverableStepLoop):
             policy_model=policy_model,
             model_config=engine.unwrapped.config,
             generation_config=getattr(engine.unwrapped, "generation_config", None),
+            share_policy=share,
         )
         return build_rollout(self.config, parts)
 

@@ -1,4 +1,4 @@
-"""The in-process inference engine: Hugging Face ``generate`` on a copy of the policy.
+"""The in-process inference engine: Hugging Face ``generate`` on the policy (or a copy).
 
 :class:`HFInProcessEngine` implements :class:`~areal_m2po.api.engine_api.InferenceEngine` over
 :class:`~.hf_generator.HFGenerator`. Requests that arrive together (the ``n`` requests of every
@@ -78,12 +78,15 @@ def _gconfig(s: SamplingParams, n: int) -> GenerationConfig:
 
 
 class HFInProcessEngine(InferenceEngine):
-    """Generation in this process, on a frozen copy of the policy.
+    """Generation in this process, on a frozen copy of the policy or on the policy itself.
 
     Args:
-        model: the policy (deep-copied; the copy is the behaviour policy).
+        model: the policy (deep-copied, the copy being the behaviour policy, unless ``share``).
         tokenizer: its tokenizer.
         device: where generation runs.
+        share: generate from ``model``, the trainer's own module, without a copy (sync mode:
+            its weights are the behaviour policy's whenever the engine generates;
+            :class:`~.hf_generator.HFGenerator`).
 
     Its behaviour log-probs come from the trainer's own model code on a copy of its weights
     (merged, with LoRA), so they are the trainer's up to batching order: ``exact_logprobs``.
@@ -91,8 +94,10 @@ class HFInProcessEngine(InferenceEngine):
 
     exact_logprobs = True
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
-        self.generator = HFGenerator(model, tokenizer, device)
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, device: torch.device, share: bool = False
+    ) -> None:
+        self.generator = HFGenerator(model, tokenizer, device, share=share)
         self.limits = model_limits(self.generator.model)
         self._model_lock = threading.Lock()
         self._interrupt = threading.Event()  # set while paused: generation stops at once

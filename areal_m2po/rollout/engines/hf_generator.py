@@ -3,7 +3,9 @@
 It holds its own copy of the policy weights, updated from the trainer with
 :meth:`HFGenerator.update_weights`, and a version number: the behaviour log-probs and the
 per-token versions it returns therefore describe exactly the policy that produced each token,
-whatever the trainer has done since.
+whatever the trainer has done since. A generator built with ``share=True`` instead samples
+from the trainer's own module (sync mode, where the behaviour weights always equal the
+trainer's when it generates): no second copy of the weights, the same tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,18 +28,30 @@ logger = logging.getLogger("areal_m2po.rollout")
 
 
 class HFGenerator:
-    """Samples completions from a frozen copy of the policy.
+    """Samples completions from a frozen copy of the policy, or from the policy itself.
 
     Args:
-        model: a causal LM whose weights seed the behaviour policy (deep-copied).
+        model: a causal LM whose weights seed the behaviour policy (deep-copied unless
+            ``share``).
         tokenizer: its tokenizer (pad/eos ids; decoding; stop strings).
         device: where generation runs.
+        share: generate from ``model`` itself, the trainer's policy module, whose weights are
+            the behaviour policy's whenever this generator runs (sync mode: the weight sync
+            follows every update). :meth:`update_weights` then only sets the version, and
+            :meth:`generate` puts the module in eval mode and restores its mode after; its
+            ``requires_grad`` flags are left alone (generation runs without gradient).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> None:
-        self.model = copy.deepcopy(model).to(device)
-        self.model.requires_grad_(False)
-        self.model.eval()
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, device: torch.device, share: bool = False
+    ) -> None:
+        self.share = share
+        if share:
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model).to(device)
+            self.model.requires_grad_(False)
+            self.model.eval()
         self.tokenizer = tokenizer
         self.device = device
         self.version = 0
@@ -60,8 +74,12 @@ class HFGenerator:
 
         ``state_dict`` is a mapping or an iterable of ``(name, tensor)`` pairs consumed once
         (e.g. full tensors gathered one at a time from a sharded policy), so no second full
-        copy of the weights need exist at once.
+        copy of the weights need exist at once. A shared generator holds the trainer's weights
+        already: it reads none of them.
         """
+        if self.share:
+            self.version = version
+            return
         own = self.model.state_dict()
         pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
         seen: set[str] = set()
@@ -85,7 +103,9 @@ class HFGenerator:
         """``version`` and ``weights`` (on the CPU) for recover checkpoints; ``weights`` is None
         when they equal the trainer's ``policy`` (``(name, tensor)`` pairs, consumed to the end
         when ``policy_version`` equals this engine's: it may be a collective gather), which the
-        checkpoint holds already."""
+        checkpoint holds already (always, when shared)."""
+        if self.share:
+            return {"version": self.version, "weights": None}
         weights = self.model.state_dict()
         same = self.version == policy_version and _same_tensors(weights, policy)
         return {
@@ -98,8 +118,17 @@ class HFGenerator:
         state: Mapping[str, Any],
         policy: Callable[[], Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]],
     ) -> None:
-        """Restore :meth:`state_dict`; ``policy()`` gives the weights when it saved none."""
+        """Restore :meth:`state_dict`; ``policy()`` gives the weights when it saved none. A
+        shared generator accepts saved weights only when they equal the policy's (it has no
+        weights of its own to put them in)."""
         weights = state["weights"]
+        if self.share and weights is not None:
+            if not _same_tensors(weights, self.model.state_dict().items()):
+                raise ValueError(
+                    "the checkpoint's rollout weights differ from the policy's, and this "
+                    "in-process HF engine generates from the policy itself (sync mode)"
+                )
+            weights = None
         self.update_weights(policy() if weights is None else weights, int(state["version"]))
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,9 +197,7 @@ class HFGenerator:
         ids, attn = self._left_pad(prompts)
         eos_ids = self.eos_ids + [int(t) for t in stop_token_ids or [] if t not in self.eos_ids]
         hf_cfg = self._hf_generation_config(gconfig, greedy, n, eos_ids)
-        extra: dict[str, Any] = {}
-        if gconfig.stop:
-            extra["tokenizer"] = self.tokenizer
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if gconfig.stop else {}
         if stopping_criteria is not None:
             extra["stopping_criteria"] = stopping_criteria
         if seed is not None:
@@ -181,7 +208,8 @@ class HFGenerator:
             from transformers import LogitsProcessorList
 
             extra["logits_processor"] = LogitsProcessorList([recorder])
-        with recorder.attached(self.model) if recorder else contextlib.nullcontext():
+        attached = recorder.attached(self.model) if recorder else contextlib.nullcontext()
+        with self._eval_mode(), attached:
             # each prompt is encoded once and its KV cache shared by its n samples
             seqs = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
         p = ids.shape[1]  # seqs: [B*n, P + C]
@@ -250,6 +278,16 @@ class HFGenerator:
             else:
                 reasons.append("abort" if interrupted else "stop")
         return reasons
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """The model in eval mode meanwhile, its own mode restored after (shared model)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
 
     def decode_completions(self, batch: Batch) -> list[str]:
         """The generated text of every row (EOS and padding stripped)."""
