@@ -92,9 +92,12 @@ def test_fsdp_keys_need_the_fsdp2_backend():
 
 
 def test_single_process_fsdp2_is_one_line_before_any_model_loads(tmp_path):
+    # passes the start-up path check, but loading it would fail: it must not be reached
+    (tmp_path / "empty_model").mkdir()
+    (tmp_path / "empty_model" / "config.json").write_text('{"model_type": "no-such-model"}')
     proc = subprocess.run(
         [sys.executable, *train_command(tmp_path / "run", 1)]
-        + ["actor.backend=fsdp2", "actor.path=/nonexistent/model"],
+        + ["actor.backend=fsdp2", f"actor.path={tmp_path / 'empty_model'}"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -104,7 +107,7 @@ def test_single_process_fsdp2_is_one_line_before_any_model_loads(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith("error: actor.backend: fsdp2 shards"), lines
-    assert "nonexistent" not in proc.stderr  # refused before the model path was looked at
+    assert "no-such-model" not in proc.stderr  # refused before any model was loaded
 
 
 # ----------------------------------------------------------------------- 2-process FSDP2 runs
