@@ -438,7 +438,7 @@ def test_a_stopped_run_does_not_exit_0(tmp_path):
     """SIGTERM: a recover checkpoint, one line saying how to continue, status 143, no final
     model; the rerun with recover.mode=auto finishes it. Ctrl-C: one line, status 130."""
     out = tmp_path / "sft"
-    args = _sft(out, "total_train_steps=500", "recover.mode=auto", "recover.freq_steps=1000")
+    args = _sft(out, "total_train_steps=1000000", "recover.mode=auto", "recover.freq_steps=1000")
     proc = _stop_after_first_step(args, out, signal.SIGTERM)
     assert proc.returncode == 143, proc.stderr[-3000:]
     steps = [r["step"] for r in read_metrics(out)]
@@ -452,7 +452,7 @@ def test_a_stopped_run_does_not_exit_0(tmp_path):
     assert [r["step"] for r in read_metrics(out)] == list(range(1, last + 2))
 
     out = tmp_path / "interrupted"
-    proc = _stop_after_first_step(_sft(out, "total_train_steps=500"), out, signal.SIGINT)
+    proc = _stop_after_first_step(_sft(out, "total_train_steps=1000000"), out, signal.SIGINT)
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert _error_line(proc).startswith("error: interrupted (Ctrl-C)")
 

@@ -46,6 +46,10 @@ def test_log_lines_go_above_the_bar_and_nothing_is_drawn_off_a_terminal(monkeypa
     log = logging.getLogger("areal_m2po.test_progress")
     handler = logging.StreamHandler(sys.stderr)
     root = logging.getLogger("areal_m2po")
+    # only this handler: one an earlier in-process run left on a closed stream would print a
+    # logging error onto the terminal
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "propagate", False)
     root.addHandler(handler)
     try:
         with StepProgress(2, 0, term) as bar:
