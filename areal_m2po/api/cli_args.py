@@ -312,12 +312,40 @@ class MicroBatchSpec:
         "sequences falls back to padding). The critic's value forward is always padded.",
     )
 
+    shared_prefix: bool = _field(
+        True,
+        "In the policy's no-grad log-prob passes (the proximal recompute, the reference's "
+        "scoring), run each distinct prompt once and score its completions on top of its KV "
+        "cache: a main-job group of 8 computes 47 + 8 x 16 tokens instead of 8 x 63, and the "
+        "proximal pass takes 0.50x the time (scripts/bench/bench_forward_pass.py). Equal to the "
+        "plain pass up to float rounding (checked once per model; a model whose cache changes "
+        "the answer is scored plainly). Not with backend fsdp2; training passes are never "
+        "shared.",
+    )
+    shared_prefix_train: bool = _field(
+        False,
+        "Share the prompts in the training forward too (with shared_prefix): the prompt's KV "
+        "cache is computed once per micro-batch and the gradient flows through it to the "
+        "prompt's tokens, within max_tokens_per_mb counted as for shared_prefix. Equal to the "
+        "plain gradient up to float rounding. One process only, without gradient "
+        "checkpointing (else the plain split).",
+    )
+    shared_prefix_max_tokens_per_mb: int | None = _field(
+        1024,
+        "Token budget per micro-batch of a shared-prefix pass, counting each distinct prompt "
+        "once (whole prompt groups per micro-batch). No activations are kept for a backward, "
+        "so it exceeds max_tokens_per_mb: 1024 took 0.85x the time of 256 on the main job. "
+        "The plain no-grad passes keep max_tokens_per_mb (a larger budget was slower there on "
+        "CPU: 1.11x at 1024). null = one micro-batch per n_mbs.",
+    )
+
     def __post_init__(self) -> None:
         _check_number("n_mbs", self.n_mbs, ge=1, integer=True)
         _check_bool("packing", self.packing)
-        _check_number(
-            "max_tokens_per_mb", self.max_tokens_per_mb, ge=1, integer=True, optional=True
-        )
+        _check_bool("shared_prefix", self.shared_prefix)
+        _check_bool("shared_prefix_train", self.shared_prefix_train)
+        for key in ("max_tokens_per_mb", "shared_prefix_max_tokens_per_mb"):
+            _check_number(key, getattr(self, key), ge=1, integer=True, optional=True)
 
 
 BACKENDS = ("ddp", "fsdp2")

@@ -13,19 +13,13 @@ those of the plain call with the same seed (``tests/unit/test_packing.py``).
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any
 
 import torch
 
+from areal_m2po.engine.shared_prefix import cache_kwarg
+
 __all__ = ["generate_shared_prefill"]
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """The name under which this transformers' forward takes and returns the KV cache:
-    ``cache`` in newer releases (which warn on the old name), ``past_key_values`` before."""
-    params = inspect.signature(type(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def generate_shared_prefill(
@@ -66,7 +60,7 @@ def generate_shared_prefill(
             use_cache=True,
             logits_to_keep=1,
         )
-    name = _cache_kwarg(model)
+    name = cache_kwarg(model)
     cache = getattr(out, name)
     cache.batch_repeat_interleave(n)
     cfg.num_return_sequences = 1

@@ -1,0 +1,204 @@
+"""Scoring a micro-batch with each distinct prompt run through the model once.
+
+A GRPO batch holds ``n_samples`` completions of every prompt, so a plain forward pass runs each
+prompt ``n_samples`` times. On the built-in demo (47-token prompts, 16 new tokens, groups of 8)
+that is 504 tokens per group where 47 + 8 x 16 = 175 carry the information:
+:func:`forward_logprobs_shared_prefix` runs the distinct prompts once (``use_cache=True``),
+gives every row its prompt's KV cache (``Cache.batch_select_indices``) and runs only the
+completion columns on top of it. The log-probs equal the plain pass's up to float rounding (the
+matrix products see other shapes); :func:`shared_prefix_verdict` checks that once per model.
+
+The batch layout it relies on is the trainer's: prompts left-padded to a common column ``P``
+(:func:`~areal_m2po.utils.data.completion_start`), completions from there, right-padded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+
+from areal_m2po.engine.forward import forward_logprobs, token_logprobs
+from areal_m2po.utils.data import Batch, completion_start, trim_columns
+
+__all__ = [
+    "cache_kwarg",
+    "forward_logprobs_shared_prefix",
+    "prompt_index",
+    "shared_prefix_split",
+    "shared_prefix_verdict",
+    "split_prompt_groups",
+]
+
+logger = logging.getLogger("areal_m2po.engine")
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name under which this transformers' forward takes and returns the KV cache:
+    ``cache`` in newer releases (which warn on the old name), ``past_key_values`` before.
+    Looks through a DDP wrapper (``.module``) and a PEFT model (``get_base_model()``)."""
+    inner = getattr(model, "module", model)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def prompt_index(batch: Batch) -> tuple[int, torch.Tensor] | None:
+    """``(P, prompt_of_row)``: the completion column ``P`` and, per row, the index (int64
+    ``[B]``, 0-based, in order of first appearance) of its distinct prompt (columns ``< P``,
+    padding ignored). None when the layout has no prompt to share: no completion column, an
+    empty prompt, or a row whose last prompt column is padding."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    start = completion_start(batch)
+    if start >= ids.shape[1] or start == 0 or not bool(attn[:, start - 1].bool().all()):
+        return None
+    key = ids[:, :start].masked_fill(attn[:, :start] == 0, -1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    # renumber by first appearance, so groups keep the batch's order
+    first = torch.full((int(inverse.max()) + 1,), ids.shape[0], dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0]), "amin")
+    rank = torch.empty_like(first)
+    rank[torch.argsort(first)] = torch.arange(first.numel())
+    return start, rank[inverse]
+
+
+def split_prompt_groups(
+    batch: Batch, prompt_of_row: torch.Tensor, start: int, max_tokens_per_mb: int | None
+) -> list[torch.Tensor]:
+    """Row indices of each micro-batch of a shared-prefix pass: whole prompt groups, in order,
+    as many per micro-batch as keep ``groups x P + rows x S`` (the tokens the pass computes,
+    ``S`` the completion columns) within ``max_tokens_per_mb`` (None: one micro-batch). A group
+    larger than the budget gets a micro-batch of its own. Rows ascend within a micro-batch."""
+    width = int(batch["input_ids"].shape[1]) - start
+    n_groups = int(prompt_of_row.max()) + 1
+    sizes = torch.bincount(prompt_of_row, minlength=n_groups).tolist()
+    pieces: list[list[int]] = []
+    current: list[int] = []
+    cost = 0
+    for g, size in enumerate(sizes):
+        g_cost = start + size * width
+        if current and max_tokens_per_mb is not None and cost + g_cost > max_tokens_per_mb:
+            pieces.append(current)
+            current, cost = [], 0
+        current.append(g)
+        cost += g_cost
+    pieces.append(current)
+    out = []
+    for groups in pieces:
+        rows = torch.nonzero(torch.isin(prompt_of_row, torch.tensor(groups))).flatten()
+        out.append(rows)
+    return out
+
+
+def shared_prefix_split(batch: Batch, max_tokens_per_mb: int | None) -> list[torch.Tensor] | None:
+    """:func:`split_prompt_groups` of ``batch``, or None when no prompt is shared by two rows
+    (:func:`prompt_index` found none, or every prompt appears once)."""
+    found = prompt_index(batch)
+    if found is None:
+        return None
+    start, prompt_of_row = found
+    if int(prompt_of_row.max()) + 1 == prompt_of_row.numel():
+        return None
+    return split_prompt_groups(batch, prompt_of_row, start, max_tokens_per_mb)
+
+
+def forward_logprobs_shared_prefix(
+    model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~areal_m2po.engine.forward.forward_logprobs` with each distinct prompt of ``mb``
+    run once: the same contract (float32 ``[b, T]`` log-probs and entropies aligned to
+    ``mb["input_ids"]``, zero outside the completion columns), equal up to float rounding.
+    Falls back to the plain pass when :func:`prompt_index` finds no prompt to share."""
+    b, full_t = mb["input_ids"].shape
+    trimmed, left, _right = trim_columns(mb)
+    found = prompt_index(trimmed)
+    if found is None:
+        return forward_logprobs(model, mb, temperature, compute_entropy)
+    start, prompt_of_row = found
+    ids = trimmed["input_ids"]
+    attn = trimmed["attention_mask"].long()
+    t = ids.shape[1]
+    n_prompts = int(prompt_of_row.max()) + 1
+    first = torch.full((n_prompts,), b, dtype=torch.long)
+    first.scatter_reduce_(0, prompt_of_row, torch.arange(b), "amin")
+    first = first.to(ids.device)
+    prompt_of_row = prompt_of_row.to(ids.device)
+    p_ids, p_mask = ids[first, :start], attn[first, :start]
+    name = cache_kwarg(model)
+    out = model(
+        input_ids=p_ids,
+        attention_mask=p_mask,
+        position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(out, name)
+    cache.batch_select_indices(prompt_of_row)
+    s_mask = attn[:, start:]
+    prompt_len = attn[:, :start].sum(-1, keepdim=True)
+    out_s = model(
+        input_ids=ids[:, start:],
+        attention_mask=attn,
+        position_ids=prompt_len + (s_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=0,
+        **{name: cache},
+    )
+    # column start's token is predicted by the prompt's last column, column j > start's by j-1
+    logits = torch.cat([out.logits[prompt_of_row], out_s.logits[:, :-1]], dim=1)
+    logp, ent = token_logprobs(logits, ids[:, start:], temperature, compute_entropy)
+    logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
+    ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
+    cols = slice(left + start, left + t)
+    logp_full[:, cols] = logp.float()
+    if compute_entropy:
+        ent_full[:, cols] = ent.float()
+    return logp_full, ent_full
+
+
+@torch.no_grad()
+def shared_prefix_verdict(
+    model: torch.nn.Module, batch: Batch, temperature: float, low_precision: bool
+) -> bool | None:
+    """Whether the shared-prefix pass gives the plain pass's log-probs on this model, checked on
+    the first prompt group of ``batch`` that has two or more rows (at most 4 of its rows and one
+    other row): None (check later) when no prompt is shared in ``batch``. A model whose KV cache
+    does not reproduce its plain forward (a custom attention, a cache without
+    ``batch_select_indices``) gets False and a warning."""
+    found = prompt_index(batch)
+    if found is None:
+        return None
+    _, prompt_of_row = found
+    counts = torch.bincount(prompt_of_row)
+    shared = torch.nonzero(counts >= 2).flatten()
+    if shared.numel() == 0:
+        return None
+    rows = torch.nonzero(prompt_of_row == shared[0]).flatten()[:4]
+    others = torch.nonzero(prompt_of_row != shared[0]).flatten()[:1]
+    rows = torch.cat([rows, others])
+    sub = {k: v.index_select(0, rows) for k, v in batch.items() if v.dim() >= 1}
+    was_training = model.training
+    model.eval()
+    try:
+        plain, _ = forward_logprobs(model, sub, temperature, False)
+        try:
+            shared_lp, _ = forward_logprobs_shared_prefix(model, sub, temperature, False)
+        except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
+            logger.warning("shared-prefix scoring fails on this model (%s); scoring plainly", exc)
+            return False
+    finally:
+        model.train(was_training)
+    mask = sub["loss_mask"].bool()
+    diff = float((plain[mask] - shared_lp[mask]).abs().max())
+    tol = 5e-2 if low_precision else 1e-3
+    if diff > tol:
+        logger.warning(
+            "mb_spec.shared_prefix: log-probs with shared prompts differ from the plain ones by "
+            "%.3g on this model (tolerance %.0e); scoring plainly",
+            diff,
+            tol,
+        )
+        return False
+    logger.info("mb_spec.shared_prefix: shared-prompt scoring checked (max |diff| %.2g)", diff)
+    return True
