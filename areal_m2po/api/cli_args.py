@@ -323,12 +323,12 @@ class MicroBatchSpec:
         "shared.",
     )
     shared_prefix_train: bool = _field(
-        False,
-        "Share the prompts in the training forward too (with shared_prefix): the prompt's KV "
-        "cache is computed once per micro-batch and the gradient flows through it to the "
-        "prompt's tokens, within max_tokens_per_mb counted as for shared_prefix. Equal to the "
-        "plain gradient up to float rounding. One process only, without gradient "
-        "checkpointing (else the plain split).",
+        True,
+        "Share the prompts in the training forward too (with shared_prefix): each micro-batch "
+        "runs its distinct prompts once and the gradient flows through their KV cache to the "
+        "prompt's tokens, whole prompt groups within max_tokens_per_mb (counted as for "
+        "shared_prefix). Equal to the plain gradient up to float rounding. One process only, "
+        "without gradient checkpointing (else the plain split).",
     )
     shared_prefix_max_tokens_per_mb: int | None = _field(
         1024,

@@ -2,8 +2,7 @@
 
 ``forward_logprobs`` runs the padded micro-batch; ``forward_logprobs_packed`` packs the
 sequences into rows without padding (see :mod:`areal_m2po.engine.packing`). Both return float32
-``[b, T]`` log-probs and entropies aligned to ``mb["input_ids"]``. Split out of
-:mod:`areal_m2po.engine.train_engine`, which re-exports these names.
+``[b, T]`` log-probs and entropies aligned to ``mb["input_ids"]``.
 """
 
 from __future__ import annotations

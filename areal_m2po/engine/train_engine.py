@@ -23,37 +23,17 @@ from accelerate import Accelerator
 from areal_m2po.api.cli_args import RefConfig, TrainEngineConfig
 from areal_m2po.engine import fsdp, lora
 from areal_m2po.engine.builtin_models import resolve_model_path
+from areal_m2po.engine.checked_forward import CheckedForwards
 from areal_m2po.engine.dropout import disable_dropout
-from areal_m2po.engine.forward import (
-    LOGPROB_CHUNK_BYTES,
-    forward_logprobs,
-    forward_logprobs_packed,
-    logprob_chunk_rows,
-    token_logprobs,
-    zero_through_model,
-)
+from areal_m2po.engine.forward import forward_logprobs
 from areal_m2po.engine.optim import build_optimizer
-from areal_m2po.engine.packing_check import packing_verdict
 from areal_m2po.engine.precision import MixedPrecision, check_finite_weights, load_dtype
-from areal_m2po.engine.shared_prefix import (
-    forward_logprobs_shared_prefix,
-    shared_prefix_split,
-    shared_prefix_verdict,
-)
+from areal_m2po.engine.shared_prefix import forward_logprobs_shared_prefix
 from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows, split_microbatches
 
-__all__ = [
-    "LOGPROB_CHUNK_BYTES",
-    "HFTrainEngine",
-    "forward_logprobs",
-    "forward_logprobs_packed",
-    "load_causal_lm",
-    "logprob_chunk_rows",
-    "token_logprobs",
-    "zero_through_model",
-]
+__all__ = ["HFTrainEngine", "load_causal_lm"]
 
 logger = logging.getLogger("areal_m2po.engine")
 
@@ -135,18 +115,17 @@ class HFTrainEngine:
         forward_fn: ForwardFn | None = None,
     ) -> None:
         self.config = config
-        self._packing_ok: bool | None = None  # packed == padded on this model (checked once)
-        # shared-prompt scoring == plain scoring on this model (checked once); only for the
-        # default policy forward of an unsharded model (a sharded forward is a collective)
-        self._shared_prefix_ok: bool | None = None
-        self._scores_policy = forward_fn is None
-        if forward_fn is None:
-            packing = bool(getattr(config.mb_spec, "packing", False))
-            forward_fn = self._forward_packed_checked if packing else forward_logprobs
-        self.forward_fn: ForwardFn = forward_fn
         self.accelerator = accelerator
         self.version = 0
         self.sharded = config.backend == "fsdp2"
+        # the packed and shared-prefix forwards, each checked once on this model; only for the
+        # policy's own log-probs (the default forward_fn)
+        self.checks = CheckedForwards(
+            config.mb_spec, self.sharded, self.device, self._low_precision, forward_fn is None
+        )
+        if forward_fn is None:
+            forward_fn = self.checks.packed if config.mb_spec.packing else forward_logprobs
+        self.forward_fn: ForwardFn = forward_fn
         self._n_forward = 0  # calls of the model's forward (sharded: keeps ranks in step)
         self.precision = MixedPrecision(config.dtype, trainable, self.sharded, self.device.type)
         if model is None:
@@ -273,13 +252,15 @@ class HFTrainEngine:
         self.model.eval()
         spec = self.config.mb_spec
         forward = self._forward
-        shared = self._shared_prefix_split(batch, temperature, spec.shared_prefix_max_tokens_per_mb)
+        shared = self.checks.shared_split(
+            self.unwrapped, batch, temperature, spec.shared_prefix_max_tokens_per_mb, self.precision
+        )
         if shared is not None:
             idx_list, forward = shared, self._forward_shared_prefix
         else:
             idx_list = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
         first = select_rows(batch, idx_list[0]) if idx_list else None
-        self._check_packing_on_all_ranks(first, batch, temperature)
+        self.checks.check_packing_on_all_ranks(self.model, first, batch, temperature)
         b, t = batch["input_ids"].shape
         logp = torch.zeros(b, t, dtype=torch.float32)
         ent = torch.zeros(b, t, dtype=torch.float32)
@@ -295,88 +276,20 @@ class HFTrainEngine:
             fsdp.idle_forward(self.model, self.device)
         return logp, ent
 
-    def _shared_prefix_split(
-        self, batch: Batch, temperature: float, budget: int | None
-    ) -> list[torch.Tensor] | None:
-        """The micro-batches (row indices, whole prompt groups within ``budget`` tokens) of a
-        shared-prefix pass over ``batch`` (:mod:`~areal_m2po.engine.shared_prefix`), or None
-        where it does not apply: turned off, not the policy's own log-probs, a sharded model,
-        no prompt shared by two rows, fewer groups than ``n_mbs``, or a model on which it was
-        seen to differ from the plain pass (checked on the first batch that shares a prompt)."""
-        spec = self.config.mb_spec
-        if not (spec.shared_prefix and self._scores_policy and not self.sharded):
-            return None
-        if self._shared_prefix_ok is False:
-            return None
-        idx = shared_prefix_split(batch, budget)
-        if idx is None or len(idx) < spec.n_mbs:
-            return None
-        if self._shared_prefix_ok is None:
-            sample = {k: v.to(self.device) for k, v in batch.items()}
-            with self.precision.autocast():
-                self._shared_prefix_ok = shared_prefix_verdict(
-                    self.unwrapped, sample, temperature, self._low_precision(self.model)
-                )
-        return idx if self._shared_prefix_ok else None
-
-    def _shared_prefix_train_split(
-        self, batch: Batch, temperature: float, group_size: int
-    ) -> list[torch.Tensor] | None:
-        """The micro-batches of a training pass with shared prompts (``mb_spec.shared_prefix_train``,
-        whole prompt groups within ``max_tokens_per_mb``), or None for the plain split: also
-        with row groups (``group_size > 1``), gradient checkpointing (no KV cache in training)
-        or several processes (DDP expects one forward per backward)."""
-        spec = self.config.mb_spec
-        if not spec.shared_prefix_train or group_size != 1 or dist.is_distributed():
-            return None
-        if self.config.gradient_checkpointing:
-            return None
-        return self._shared_prefix_split(batch, temperature, spec.max_tokens_per_mb)
-
     def _forward_shared_prefix(
         self, mb: Batch, temperature: float, compute_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.precision.autocast():
             return forward_logprobs_shared_prefix(self.model, mb, temperature, compute_entropy)
 
-    def _low_precision(self, model: torch.nn.Module) -> bool:
+    def _low_precision(self) -> bool:
         """Whether the model computes below float32 (the forward checks' looser tolerance)."""
         return (
             self.accelerator.mixed_precision != "no"
             or self.precision.enabled
             or self.config.fsdp.param_dtype not in (None, "float32")
-            or any(p.dtype != torch.float32 for p in model.parameters())
+            or any(p.dtype != torch.float32 for p in self.model.parameters())
         )
-
-    def _check_packing_on_all_ranks(
-        self, first_mb: Batch | None, batch: Batch, temperature: float
-    ) -> None:
-        """Sharded: the one-time packing check, before this pass's first forward, on every rank
-        at once (it runs forwards and an all-reduce, collectives all ranks must reach in the
-        same order), with this rank's first micro-batch, or its empty ``batch`` when it holds
-        none. Until the ranks agree, the passes run padded."""
-        if not self.sharded or self._packing_ok is not None:
-            return
-        if self.forward_fn != self._forward_packed_checked:
-            return
-        mb = first_mb if first_mb is not None else batch
-        mb = {k: v.to(self.device) for k, v in mb.items()}
-        self._packing_ok = packing_verdict(
-            self.model, mb, temperature, True, self.device, self._low_precision(self.model)
-        )
-
-    def _forward_packed_checked(
-        self, model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The packed forward, once it has been seen to equal the padded one on this model
-        (:func:`~areal_m2po.engine.packing_check.packing_verdict`)."""
-        if self._packing_ok is None and not self.sharded:
-            self._packing_ok = packing_verdict(
-                model, mb, temperature, False, self.device, self._low_precision(model)
-            )
-        if not self._packing_ok:  # not yet checked (sharded) or not equal: padded
-            return forward_logprobs(model, mb, temperature, compute_entropy)
-        return forward_logprobs_packed(model, mb, temperature, compute_entropy)
 
     # -- training -----------------------------------------------------------------------------
 
@@ -413,13 +326,17 @@ class HFTrainEngine:
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
         self.model.train()
         forward = self._forward
-        shared = self._shared_prefix_train_split(batch, temperature, group_size)
+        shared = None
+        if group_size == 1 and not self.config.gradient_checkpointing:
+            shared = self.checks.train_split(self.unwrapped, batch, temperature, self.precision)
         if shared is not None:
             forward = self._forward_shared_prefix
             mbs = [{k: v.index_select(0, i) for k, v in batch.items()} for i in shared]
         else:
             mbs = self.micro_batches(batch, group_size)
-        self._check_packing_on_all_ranks(mbs[0] if mbs else None, batch, temperature)
+        self.checks.check_packing_on_all_ranks(
+            self.model, mbs[0] if mbs else None, batch, temperature
+        )
         weights = [float(loss_weight_fn(mb)) for mb in mbs]
         if total_weight is None:
             total_weight = float(

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "largest_stat_gap": max(gaps),
     }
     for name, value in figures.items():
-        print(f"{name}={value:.4f}")
+        print(f"{name}={value:.6g}")
     return figures
 
 

@@ -126,7 +126,7 @@ def test_microbatch_split_does_not_change_the_gradient(tiny):
         deltas[n_mbs] = {k: after[k] - before[k] for k in before}
     # the reference: autograd on the full batch in one piece
     ref_engine = HFTrainEngine(ActorConfig(path="builtin:tiny"), Accelerator(cpu=True), 1)
-    from areal_m2po.engine.train_engine import forward_logprobs
+    from areal_m2po.engine.forward import forward_logprobs
 
     logp, _ = forward_logprobs(ref_engine.model, batch, 1.0, False)
     m = batch["loss_mask"].float()

@@ -40,11 +40,11 @@ model = build_tiny_llama(97, 0, hidden_size=32, intermediate_size=64,
 cfg = TrainEngineConfig(path="unused", backend="fsdp2", mb_spec=MicroBatchSpec(packing=True))
 eng = HFTrainEngine(cfg, acc, 1, model=model)
 logp, _ = eng.forward_tokens(batch, 1.0)
-verdict = eng._packing_ok
+verdict = eng.checks.packing_ok
 weight = lambda mb: float(mb["loss_mask"].sum())
 loss_fn = lambda lp, ent, mb: (-(lp * mb["advantages"]).sum(), {})
 stats, _ = eng.train_batch(batch, loss_fn, weight)
-print(f"RESULT {rank} {verdict} {eng._packing_ok} {stats['grad_norm']:.6f}", flush=True)
+print(f"RESULT {rank} {verdict} {eng.checks.packing_ok} {stats['grad_norm']:.6f}", flush=True)
 """
 
 

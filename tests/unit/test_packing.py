@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from areal_m2po.engine.builtin_models import build_tiny_llama
+from areal_m2po.engine.forward import forward_logprobs, forward_logprobs_packed
 from areal_m2po.engine.packing import pack_micro_batch
-from areal_m2po.engine.train_engine import forward_logprobs, forward_logprobs_packed
 
 
 def _tiny_llama(attn: str = "sdpa", vocab: int = 97, seed: int = 0) -> torch.nn.Module:
@@ -190,13 +190,13 @@ def test_engine_falls_back_when_packing_leaks(monkeypatch: pytest.MonkeyPatch) -
     cfg = TrainEngineConfig(path="unused", mb_spec=MicroBatchSpec(packing=True))
     good = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
     good.forward_tokens(batch, 1.0)
-    assert good._packing_ok is True
+    assert good.checks.packing_ok is True
 
     # without packed-sequence detection every row is one causal sequence: packing leaks
     monkeypatch.setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)
     bad = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=_tiny_llama(), trainable=False)
     lp, _ = bad.forward_tokens(batch, 1.0)
-    assert bad._packing_ok is False
+    assert bad.checks.packing_ok is False
     with torch.no_grad():
         ref, _ = forward_logprobs(bad.model, batch, 1.0, False)
     mask = batch["loss_mask"]

@@ -201,7 +201,7 @@ def test_engine_scores_each_prompt_once() -> None:
         eng = _engine(model, trainable=False, shared_prefix=shared)
         out[shared] = eng.forward_tokens(batch, 1.0)[0]
         if shared:
-            assert eng._shared_prefix_ok is True
+            assert eng.checks.shared_prefix_ok is True
             # the one-time check (5 rows, twice) then 3 prompts once and 24 completions
             check = seen[:3]
             assert sum(seen) - sum(check) == 3 * start + 24 * width
@@ -225,14 +225,14 @@ def test_engine_budget_splits_whole_groups() -> None:
 
 
 def test_engine_scores_plainly_where_the_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    import areal_m2po.engine.train_engine as te
+    import areal_m2po.engine.checked_forward as cf
 
-    monkeypatch.setattr(te, "shared_prefix_verdict", lambda *a, **k: False)
+    monkeypatch.setattr(cf, "shared_prefix_verdict", lambda *a, **k: False)
     batch = _group_batch((4, 4), seed=8)
     plain = _engine(_model(), trainable=False, shared_prefix=False).forward_tokens(batch, 1.0)
     eng = _engine(_model(), trainable=False)
     assert torch.equal(eng.forward_tokens(batch, 1.0)[0], plain[0])
-    assert eng._shared_prefix_ok is False
+    assert eng.checks.shared_prefix_ok is False
 
 
 def _pg_loss(lp: torch.Tensor, ent: torch.Tensor, mb: dict[str, torch.Tensor]):  # noqa: ANN202

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.engine.train_engine import token_logprobs
+from areal_m2po.engine.forward import token_logprobs
 
 
 def _walk(nodes: Any) -> Iterator[Any]:
