@@ -317,10 +317,10 @@ class MicroBatchSpec:
         "In the policy's no-grad log-prob passes (the proximal recompute, the reference's "
         "scoring), run each distinct prompt once and score its completions on top of its KV "
         "cache: a main-job group of 8 computes 47 + 8 x 16 tokens instead of 8 x 63, and the "
-        "proximal pass takes 0.50x the time (scripts/bench/bench_forward_pass.py). Equal to the "
+        "proximal pass takes 0.51x the time (scripts/bench/bench_forward_pass.py). Equal to the "
         "plain pass up to float rounding (checked once per model; a model whose cache changes "
-        "the answer is scored plainly). Not with backend fsdp2; training passes are never "
-        "shared.",
+        "the answer is scored plainly). Not with backend fsdp2; a critic's values are always "
+        "scored plainly.",
     )
     shared_prefix_train: bool = _field(
         True,

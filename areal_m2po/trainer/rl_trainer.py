@@ -185,6 +185,7 @@ class RLTrainer(RecoverableStepLoop):
             has_critic=cfg.critic.enabled,
             phases=self.phases,
         )
+        self.actor.prox_read_before_update = self.teacher is not None  # its student log-probs
         self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
         if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
             ref_cfg = cfg.ref.engine_config(cfg.actor)

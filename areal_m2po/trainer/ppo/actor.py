@@ -6,7 +6,9 @@ Where the three log-probs of a generated token come from:
   version stamped in ``versions``. Never overwritten.
 * ``prox_logp`` (proximal): the policy at the start of this training step, set once per step by
   :meth:`PPOActor.prepare_proximal` (a forward pass, or the behaviour log-probs when they
-  already are the proximal ones: on-policy tokens of an engine with exact log-probs); with
+  already are the proximal ones: on-policy tokens of an engine with exact log-probs, or the
+  update's own forward, detached, when one minibatch makes it the step-start policy and nothing
+  reads them before: :meth:`PPOActor.prox_from_update`); with
   ``prox_logp_method=loglinear`` the loss interpolates between behaviour and current log-probs
   by version instead (:meth:`PPOActor._proximal`).
 * the current log-probs, from the forward pass of each micro-batch.
@@ -112,6 +114,9 @@ class PPOActor:
             the engine is built). When false, on-policy batches get a proximal forward pass
             too, so the decoupled loss corrects the engine's mismatch and
             ``rollout/logp_mismatch_*`` measures it.
+        prox_read_before_update: something besides the actor reads ``batch["prox_logp"]``
+            before the update (the trainer sets it for a teacher), so the proximal log-probs
+            must come from a pass of their own (:meth:`prox_from_update`).
     """
 
     def __init__(
@@ -142,6 +147,8 @@ class PPOActor:
         self._warned_no_m2po = False
         self._high_mask_streak = 0
         self.exact_behave_logp = True
+        self.prox_read_before_update = False
+        self._prox_from_update_now = False  # this step's proximal log-probs: the update's
 
     @property
     def loss_spec(self) -> PPOLossSpec:
@@ -180,19 +187,28 @@ class PPOActor:
           (``versions == engine.version``) and the engine's log-probs are exact
           (:attr:`exact_behave_logp`): its behaviour log-probs then are the proximal ones
           (equal to a recompute within fp tolerance).
+        * no pass either when :meth:`prox_from_update` (one minibatch, nothing reads them
+          before the update) and the batch holds no token of the current version: the key
+          is left out, and the update takes the log-probs of its own forward, detached.
         * otherwise the behaviour log-probs. With ``loglinear`` the loss forms the proximal
           log-probs per micro-batch (:meth:`_proximal`); without ``recompute_logprob``
           M2PO cannot mask anything (prox = behave), which is warned once.
         """
         c = self.config
         behave = batch["behave_logp"]
+        self._prox_from_update_now = False
         if c.prox_logp_method == "recompute" and c.recompute_logprob:
-            versions = batch["versions"][batch["loss_mask"]]
-            on_policy = self.exact_behave_logp and bool((versions == self.engine.version).all())
+            current = batch["versions"][batch["loss_mask"]] == self.engine.version
+            on_policy = self.exact_behave_logp and bool(current.all())
             # one decision for all ranks (a sharded model's forward is a collective)
-            forward = float(dist.all_reduce_max(torch.tensor([float(not on_policy)]))[0])
+            votes = torch.tensor([float(not on_policy), float(bool(current.any()))])
+            forward, any_current = dist.all_reduce_max(votes).tolist()
             if not forward:
                 batch["prox_logp"] = behave
+                return {}
+            if self.prox_from_update() and not any_current:
+                batch.pop("prox_logp", None)
+                self._prox_from_update_now = True  # the update's forward gives them (_proximal)
                 return {}
             batch["prox_logp"] = self.compute_logp(batch)
             return self.logp_mismatch(batch, batch["prox_logp"])
@@ -206,6 +222,23 @@ class PPOActor:
             )
             self._warned_no_m2po = True
         return {}
+
+    def prox_from_update(self) -> bool:
+        """Whether the proximal log-probs may come from the update's own forward (detached)
+        instead of a pass of their own. The proximal policy is the one at the start of the
+        step, and with one PPO minibatch the update's only forward runs that very policy, so
+        its log-probs are the proximal ones; it applies when nothing reads them before that
+        forward: M2PO off or per micro-batch (``m2_scope=global`` masks the whole minibatch
+        first), no KL reward on the proximal log-probs, no teacher
+        (:attr:`prox_read_before_update`). :meth:`prepare_proximal` also keeps the pass when
+        the batch holds tokens of the current version (its ``rollout/logp_mismatch_*``)."""
+        c = self.config
+        return (
+            c.ppo_n_minibatches == 1
+            and (c.m2_threshold is None or c.m2_scope == "microbatch")
+            and not (c.kl_ctl > 0 and c.kl_logp == "proximal")
+            and not self.prox_read_before_update
+        )
 
     def logp_mismatch(self, batch: Batch, trainer_logp: torch.Tensor) -> dict[str, float]:
         """The training-inference mismatch (:mod:`~areal_m2po.algo.logp_mismatch`) between
@@ -375,6 +408,8 @@ class PPOActor:
                 gap > 0, (v_prox - v_behave) / gap.clamp(min=1e-6), torch.ones_like(gap)
             )
             return (behave + alpha * (logp.detach() - behave)).detach()
+        if self._prox_from_update_now:  # prepare_proximal left them to this forward
+            return logp.detach()
         return mb["prox_logp"]
 
     def prepare_m2po(self, mb: Batch) -> dict[str, float]:
