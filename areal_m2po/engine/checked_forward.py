@@ -74,12 +74,14 @@ class CheckedForwards:
     def check_packing_on_all_ranks(
         self, model: torch.nn.Module, first_mb: Batch | None, batch: Batch, temperature: float
     ) -> None:
-        """Sharded, packing on, not yet decided: the one-time packing check, called by every rank
-        before a pass's first forward (it runs forwards and an all-reduce, collectives all ranks
-        must reach in the same order), with this rank's first micro-batch, or its empty
-        ``batch`` when it holds none. A rank without a micro-batch used to skip it, and the
-        others waited in it forever."""
-        if not (self.sharded and self.spec.packing) or self.packing_ok is not None:
+        """Sharded, packing on, the policy's log-probs (not a critic's values), not yet decided:
+        the one-time packing check, called by every rank before a pass's first forward (it
+        runs forwards and an all-reduce, collectives all ranks must reach in the same order),
+        with this rank's first micro-batch, or its empty ``batch`` when it holds none. A rank
+        without a micro-batch used to skip it, and the others waited in it forever."""
+        if not (self.sharded and self.spec.packing and self.scores_policy):
+            return
+        if self.packing_ok is not None:
             return
         mb = first_mb if first_mb is not None else batch
         mb = {k: v.to(self.device) for k, v in mb.items()}

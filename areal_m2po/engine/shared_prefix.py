@@ -131,7 +131,10 @@ def forward_logprobs_shared_prefix(
         attention_mask=p_mask,
         position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
-        logits_to_keep=1,
+        # the last column by index, not logits_to_keep=1: a slice of it is a strided view,
+        # whose product with the head takes another kernel (other rounding) when the head's
+        # weight requires grad, so a policy and its frozen copy would disagree in the last bit
+        logits_to_keep=torch.tensor([start - 1], device=ids.device),
     )
     cache = getattr(out, name)
     cache.batch_select_indices(prompt_of_row)

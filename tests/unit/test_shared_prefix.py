@@ -267,3 +267,20 @@ def test_config_refuses_a_non_bool() -> None:
         MicroBatchSpec(shared_prefix="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shared_prefix_max_tokens_per_mb"):
         MicroBatchSpec(shared_prefix_max_tokens_per_mb=0)
+
+
+def test_a_frozen_copy_scores_to_the_bit() -> None:
+    """A policy and its frozen copy (the reference) give the same bits, as the plain pass does:
+    DPO's first evaluation, at pi = pi_ref, must see every pair tied."""
+    import copy
+
+    from areal_m2po.engine.train_engine import load_causal_lm
+
+    model = load_causal_lm("builtin:tiny", "float32", "sdpa").eval()
+    frozen = copy.deepcopy(model).requires_grad_(False)
+    batch = _group_batch((2, 2, 2, 2), seed=11, max_prompt=12, max_new=6)
+    batch["input_ids"] = batch["input_ids"] % model.config.vocab_size
+    with torch.no_grad():
+        a, _ = forward_logprobs_shared_prefix(model, batch, 1.0, False)
+        b, _ = forward_logprobs_shared_prefix(frozen, batch, 1.0, False)
+    assert torch.equal(a, b)
