@@ -66,29 +66,34 @@ def prompt_index(batch: Batch) -> tuple[int, torch.Tensor] | None:
 def split_prompt_groups(
     batch: Batch, prompt_of_row: torch.Tensor, start: int, max_tokens_per_mb: int | None
 ) -> list[torch.Tensor]:
-    """Row indices of each micro-batch of a shared-prefix pass: whole prompt groups, in order,
-    as many per micro-batch as keep ``groups x P + rows x S`` (the tokens the pass computes,
-    ``S`` the completion columns) within ``max_tokens_per_mb`` (None: one micro-batch). A group
-    larger than the budget gets a micro-batch of its own. Rows ascend within a micro-batch."""
+    """Row indices of each micro-batch of a shared-prefix pass: prompt groups in order, as many
+    per micro-batch as keep ``groups x P + rows x S`` (the tokens the pass computes, ``S`` the
+    completion columns) within ``max_tokens_per_mb`` (None: one micro-batch). A group larger
+    than the budget is cut into pieces of as many rows as fit beside its prompt (at least one),
+    each its own micro-batch: the budget bounds a training pass's activations as it does for
+    the plain split. Rows ascend within a micro-batch."""
     width = int(batch["input_ids"].shape[1]) - start
-    n_groups = int(prompt_of_row.max()) + 1
-    sizes = torch.bincount(prompt_of_row, minlength=n_groups).tolist()
+    budget = max_tokens_per_mb
     pieces: list[list[int]] = []
     current: list[int] = []
     cost = 0
-    for g, size in enumerate(sizes):
-        g_cost = start + size * width
-        if current and max_tokens_per_mb is not None and cost + g_cost > max_tokens_per_mb:
+    for g in range(int(prompt_of_row.max()) + 1):
+        rows = torch.nonzero(prompt_of_row == g).flatten().tolist()
+        if budget is not None and start + len(rows) * width > budget:
+            if current:
+                pieces.append(current)
+                current, cost = [], 0
+            fit = max(1, (budget - start) // max(width, 1))
+            pieces.extend(rows[i : i + fit] for i in range(0, len(rows), fit))
+            continue
+        if current and budget is not None and cost + start + len(rows) * width > budget:
             pieces.append(current)
             current, cost = [], 0
-        current.append(g)
-        cost += g_cost
-    pieces.append(current)
-    out = []
-    for groups in pieces:
-        rows = torch.nonzero(torch.isin(prompt_of_row, torch.tensor(groups))).flatten()
-        out.append(rows)
-    return out
+        current.extend(rows)
+        cost += start + len(rows) * width
+    if current:
+        pieces.append(current)
+    return [torch.tensor(sorted(rows), dtype=torch.long) for rows in pieces]
 
 
 def shared_prefix_split(batch: Batch, max_tokens_per_mb: int | None) -> list[torch.Tensor] | None:

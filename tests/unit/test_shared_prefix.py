@@ -141,6 +141,22 @@ def test_split_keeps_groups_whole_within_the_budget() -> None:
     assert len(split_prompt_groups(batch, prompt_of_row, start, None)) == 1
 
 
+def test_split_cuts_a_group_larger_than_the_budget() -> None:
+    """The budget bounds a training pass's activations: a group that does not fit is cut into
+    pieces of as many rows as fit beside its prompt, each with its prompt again."""
+    batch = _group_batch((3, 7, 2), seed=4, max_prompt=5, max_new=6)
+    start, prompt_of_row = prompt_index(batch)
+    width = batch["input_ids"].shape[1] - start
+    pieces = split_prompt_groups(batch, prompt_of_row, start, start + 3 * width)
+    assert [r.tolist() for r in pieces] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9], [10, 11]]
+    for rows in pieces:
+        assert prompt_of_row[rows].unique().numel() * start + rows.numel() * width <= (
+            start + 3 * width
+        )
+    # a budget below one row beside the prompt: one row per micro-batch
+    assert all(r.numel() == 1 for r in split_prompt_groups(batch, prompt_of_row, start, 1))
+
+
 def test_verdict() -> None:
     model = _model()
     assert shared_prefix_verdict(model, _group_batch((3, 2)), 1.0, False) is True
