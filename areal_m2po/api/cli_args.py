@@ -326,14 +326,14 @@ class MicroBatchSpec:
         True,
         "Share the prompts in the training forward too (with shared_prefix): each micro-batch "
         "runs its distinct prompts once and the gradient flows through their KV cache to the "
-        "prompt's tokens, whole prompt groups within max_tokens_per_mb (counted as for "
-        "shared_prefix). Equal to the plain gradient up to float rounding. One process only, "
-        "without gradient checkpointing (else the plain split).",
+        "prompt's tokens, within max_tokens_per_mb (counted as for shared_prefix). Equal to "
+        "the plain gradient up to float rounding. One process only, without gradient "
+        "checkpointing (else the plain split).",
     )
     shared_prefix_max_tokens_per_mb: int | None = _field(
         1024,
         "Token budget per micro-batch of a shared-prefix pass, counting each distinct prompt "
-        "once (whole prompt groups per micro-batch). No activations are kept for a backward, "
+        "once (prompt groups kept whole where they fit). No activations are kept for a backward, "
         "so it exceeds max_tokens_per_mb: 1024 took 0.85x the time of 256 on the main job. "
         "The plain no-grad passes keep max_tokens_per_mb (a larger budget was slower there on "
         "CPU: 1.11x at 1024). null = one micro-batch per n_mbs.",

@@ -97,7 +97,7 @@ class CheckedForwards:
         budget: int | None,
         precision: Autocasts,
     ) -> list[torch.Tensor] | None:
-        """The micro-batches (row indices, whole prompt groups within ``budget`` tokens) of a
+        """The micro-batches (row indices, prompt groups within ``budget`` tokens) of a
         shared-prefix pass over ``batch``, or None where it does not apply: ``shared_prefix``
         off, not the policy's log-probs, a sharded model, no prompt shared by two rows, fewer
         groups than ``n_mbs``, or a model on which it was seen to differ from the plain pass
