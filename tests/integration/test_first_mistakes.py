@@ -414,7 +414,9 @@ def test_plot_draws_every_kind_of_run_and_dpo_refuses_a_second_run(tmp_path, pre
 
 # ------------------------------------------------------------------------------ stopped runs
 def _stop_after_first_step(args: list[str], out: Path, sig: int) -> subprocess.CompletedProcess:
-    """Start ``train_sft *args``, send ``sig`` once its first metrics line is written."""
+    """Start ``train_sft *args``, send ``sig`` once its first metrics line is written. The child
+    gets the default SIGINT disposition: started from a background job (``cmd &`` in a
+    non-interactive shell) it would inherit SIGINT ignored, and Python then keeps it ignored."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "areal_m2po.train_sft", *args],
         cwd=REPO,
@@ -422,6 +424,7 @@ def _stop_after_first_step(args: list[str], out: Path, sig: int) -> subprocess.C
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = out / "metrics.jsonl"
     deadline = time.time() + TIMEOUT_S
