@@ -71,7 +71,9 @@ def rl_breakdown(
 
     # shares of the summed step time (additive, unlike medians of the parts)
     step_s = total("timing/step_s")
-    gen = total("timing/gen_s", gens) + total("timing/reward_s", gens)
+    # the rewards are scored inside each episode, within the generation's wall time
+    # (timing/reward_s sums them over episodes): adding them would count them twice
+    gen = total("timing/gen_s", gens)
     prox, ref, upd = total("timing/prox_s"), total("timing/ref_s"), total("timing/update_s")
     other = step_s - gen - prox - ref - upd
     n_seq = n_prompts * n_samples
