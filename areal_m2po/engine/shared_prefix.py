@@ -56,10 +56,11 @@ def prompt_index(batch: Batch) -> tuple[int, torch.Tensor] | None:
     key = ids[:, :start].masked_fill(attn[:, :start] == 0, -1)
     _, inverse = torch.unique(key, dim=0, return_inverse=True)
     # renumber by first appearance, so groups keep the batch's order
-    first = torch.full((int(inverse.max()) + 1,), ids.shape[0], dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0]), "amin")
+    dev = ids.device  # every index on the batch's device (a GPU batch stays there)
+    first = torch.full((int(inverse.max()) + 1,), ids.shape[0], dtype=torch.long, device=dev)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0], device=dev), "amin")
     rank = torch.empty_like(first)
-    rank[torch.argsort(first)] = torch.arange(first.numel())
+    rank[torch.argsort(first)] = torch.arange(first.numel(), device=dev)
     return start, rank[inverse]
 
 
@@ -125,10 +126,8 @@ def forward_logprobs_shared_prefix(
     attn = trimmed["attention_mask"].long()
     t = ids.shape[1]
     n_prompts = int(prompt_of_row.max()) + 1
-    first = torch.full((n_prompts,), b, dtype=torch.long)
-    first.scatter_reduce_(0, prompt_of_row, torch.arange(b), "amin")
-    first = first.to(ids.device)
-    prompt_of_row = prompt_of_row.to(ids.device)
+    first = torch.full((n_prompts,), b, dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, prompt_of_row, torch.arange(b, device=ids.device), "amin")
     p_ids, p_mask = ids[first, :start], attn[first, :start]
     name = cache_kwarg(model)
     out = model(
