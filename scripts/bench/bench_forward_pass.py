@@ -30,7 +30,13 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchlib.harness import Clock, interleaved, median_ratio, setup_process  # noqa: E402
+from benchlib.harness import (  # noqa: E402
+    QUIET_RUN,
+    Clock,
+    interleaved,
+    median_ratio,
+    setup_process,
+)
 
 from areal_m2po.api.config_loader import load_config  # noqa: E402
 
@@ -47,13 +53,7 @@ def build(args: argparse.Namespace) -> Any:
             args.config,
             f"output_dir={tempfile.mkdtemp(prefix='bench-forward-')}",
             f"num_threads={args.threads}",
-            "evaluator.freq_steps=null",
-            "evaluator.eval_at_start=false",
-            "evaluator.eval_at_end=false",
-            "saver.save_at_end=false",
-            "stats_logger.jsonl=false",
-            "stats_logger.console=false",
-            "stats_logger.progress_bar=false",
+            *QUIET_RUN,
             *args.overrides,
         ]
     )

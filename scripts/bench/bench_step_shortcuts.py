@@ -39,7 +39,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchlib.harness import Clock, PhaseTimer, setup_process  # noqa: E402
+from benchlib.harness import QUIET_RUN, Clock, PhaseTimer, setup_process  # noqa: E402
 
 from areal_m2po.api.config_loader import load_config  # noqa: E402
 
@@ -66,13 +66,7 @@ def build(args: argparse.Namespace, on: bool, timer: PhaseTimer) -> Any:
             f"output_dir={tempfile.mkdtemp(prefix='bench-shortcuts-')}",
             f"total_train_steps={args.rounds + 1}",
             f"num_threads={args.threads}",
-            "evaluator.freq_steps=null",
-            "evaluator.eval_at_start=false",
-            "evaluator.eval_at_end=false",
-            "saver.save_at_end=false",
-            "stats_logger.jsonl=false",
-            "stats_logger.console=false",
-            "stats_logger.progress_bar=false",
+            *QUIET_RUN,
             *args.overrides,
             *arm_overrides(args.shortcut, on),
         ]

@@ -38,7 +38,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchlib.harness import setup_process  # noqa: E402
+from benchlib.harness import QUIET_RUN, setup_process  # noqa: E402
 from torch._C._profiler import _ExperimentalConfig  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
@@ -253,13 +253,7 @@ def build_trainer(args: argparse.Namespace, callback: StepCallback) -> Any:
         f"output_dir={tempfile.mkdtemp(prefix='profile-step-')}",
         f"total_train_steps={args.steps}",
         f"num_threads={args.threads}",
-        "evaluator.freq_steps=null",
-        "evaluator.eval_at_start=false",
-        "evaluator.eval_at_end=false",
-        "saver.save_at_end=false",
-        "stats_logger.jsonl=false",
-        "stats_logger.console=false",
-        "stats_logger.progress_bar=false",
+        *QUIET_RUN,
         *args.overrides,
     ]
     return RLTrainer(load_config(overrides), callbacks=[callback])

@@ -5,11 +5,12 @@ in it forever, which the timeout here turns into a failure)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import psutil
 import pytest
-from procs import launch_command, subprocess_env
+from procs import launch_command, popen
 
 pytestmark = pytest.mark.multiproc
 
@@ -52,15 +53,7 @@ print(f"RESULT {rank} {verdict} {eng.checks.packing_ok} {stats['grad_norm']:.6f}
 def test_every_rank_takes_part_in_the_packing_check(tmp_path, case: str) -> None:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    proc = subprocess.Popen(
-        [*launch_command(2), str(worker), case],
-        cwd=tmp_path,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = popen([*launch_command(2), str(worker), case], tmp_path)
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -71,7 +64,8 @@ def test_every_rank_takes_part_in_the_packing_check(tmp_path, case: str) -> None
         out, _ = proc.communicate()
         pytest.fail(f"the ranks hung in the packing check:\n{out[-3000:]}")
     assert proc.returncode == 0, out[-4000:]
-    results = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("RESULT"))
+    # the two ranks share one pipe: their lines may run into each other
+    results = sorted(list(r) for r in re.findall(r"RESULT (\d) (\S+) (\S+) ([\d.]+)", out))
     assert [r[0] for r in results] == ["0", "1"], out[-3000:]
     # both ranks reach the same verdict, from rank 0's rows, and the same step
     assert results[0][1:] == results[1][1:] == [results[0][1], "True", results[0][3]]

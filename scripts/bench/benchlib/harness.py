@@ -17,6 +17,17 @@ import torch
 
 from areal_m2po.api.callbacks import StepCallback
 
+QUIET_RUN = (
+    "evaluator.freq_steps=null",
+    "evaluator.eval_at_start=false",
+    "evaluator.eval_at_end=false",
+    "saver.save_at_end=false",
+    "stats_logger.jsonl=false",
+    "stats_logger.console=false",
+    "stats_logger.progress_bar=false",
+)
+"""Config overrides of a benchmarked training run: no evaluation, no saves, no logs."""
+
 
 def setup_process(threads: int, amp: str) -> None:
     """Offline hub, one thread count for every torch op (pinned: on a shared CPU, 2+ threads
