@@ -183,3 +183,23 @@ def test_every_sample_failed_stops_the_run_in_one_line() -> None:
 )
 def test_steps_with_a_score_or_only_timeouts_go_on(stats) -> None:
     check_rewards_usable(stats, _batch(4), "mod:fn", _Runner())  # no error
+
+
+def test_areal_gsm8k_reward_fn_scores_through_reward_path() -> None:
+    """AReaL's GSM8K reward (math_verify) named by ``reward.path`` scores what it scores in
+    AReaL: 1 for an equal answer in any form math_verify reads, 0 otherwise."""
+    fn = load_reward_fn("areal_m2po.areal.reward:gsm8k_reward_fn")
+    completions = [
+        "She sold 48 + 24 = 72 clips. \\boxed{72}",
+        "The answer is 72",
+        "The answer is 71",
+        "",
+    ]
+    with RewardRunner(fn, timeout_s=60) as runner:
+        rewards, stats = runner.score(
+            ["q"] * 4, completions, ["72"] * 4, None, [[1]] * 4, [[2]] * 4
+        )
+    assert runner.call.style == AREAL
+    assert rewards == [1.0, 1.0, 0.0, 0.0] and stats["reward/n_errors"] == 0
+    with RewardRunner(fn, timeout_s=60) as runner:
+        assert runner.score(["q"], ["It is 0.5"], ["1/2"])[0] == [1.0]  # symbolic equality
