@@ -11,13 +11,16 @@ AReaL                                      here
 ``areal.utils.functional``                 :mod:`areal_m2po.areal.utils.functional`
 ``areal.utils.data``                       :mod:`areal_m2po.areal.utils.data`
 ``areal.utils.seqpack``                    :mod:`areal_m2po.areal.utils.seqpack`
-``areal.trainer.dpo.dpo_engine``           :mod:`areal_m2po.areal.trainer` (``compute_dpo_loss``)
-``areal.trainer.ppo.actor``                :mod:`areal_m2po.areal.trainer`
-                                           (``compute_prox_logp_approximations``)
+``areal.utils.constants``                  :mod:`areal_m2po.areal.utils.constants`
+``areal.api.cli_args`` (argument objects)  :mod:`areal_m2po.areal.api.cli_args`
+``areal.trainer.dpo.dpo_engine``           :mod:`areal_m2po.areal.trainer.dpo.dpo_engine`
+``areal.trainer.ppo.actor``                :mod:`areal_m2po.areal.trainer.ppo.actor`
 =========================================  =================================================
 
 So ``from areal.utils.data import Normalization`` becomes
-``from areal_m2po.areal.utils.data import Normalization``. The maths lives in
+``from areal_m2po.areal.utils.data import Normalization``: every path is AReaL's with
+``areal_m2po.`` in front. Only AReaL's pure functions are here (its trainers, engines and
+servers are this package's own). The maths lives in
 :mod:`areal_m2po.algo` (pure torch); these modules only give it AReaL's names. Importing a
 module here loads nothing heavy beyond what its names need.
 """
