@@ -29,6 +29,7 @@ their own timeouts, or run the work in a subprocess they can kill.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import queue
@@ -40,8 +41,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_m2po.api.cli_args import ConfigError
 from areal_m2po.reward.signature import RewardCall, check_reward_fn
-from areal_m2po.utils.imports import load_object
+from areal_m2po.utils.imports import load_object, split_spec
 
 __all__ = ["RewardFn", "RewardRunner", "extra_fields", "load_reward_fn"]
 
@@ -63,9 +65,32 @@ def load_reward_fn(spec: str, key: str = "reward.path") -> RewardFn:
             function is ``async def`` or can take neither reward call (see
             :func:`~areal_m2po.reward.signature.check_reward_fn`).
     """
-    fn = load_object(spec, key)
+    fn = load_object(_areal_alias(spec, key), key)
     check_reward_fn(fn, key, spec)
     return fn
+
+
+def _areal_alias(spec: str, key: str) -> str:
+    """``spec``, or for AReaL's own paths (``areal.reward.gsm8k.gsm8k_reward_fn``) when AReaL
+    is not installed, the same path under :mod:`areal_m2po.areal`, if that module exists."""
+    module, attr = split_spec(spec, key)
+    if module != "areal" and not module.startswith("areal."):
+        return spec
+    if importlib.util.find_spec("areal") is not None:  # AReaL itself is installed
+        return spec
+    alias = f"areal_m2po.{module}"
+    try:
+        found = importlib.util.find_spec(alias) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ConfigError(
+            key,
+            f"{spec!r}: AReaL is not installed and areal_m2po.areal has no {module[6:]!r} "
+            "(AReaL's reward functions here: areal_m2po.areal.reward.gsm8k_reward_fn, "
+            "geometry3k_reward_fn)",
+        )
+    return f"{alias}:{attr}"
 
 
 POSITIONAL_FIELDS = ("prompt_text", "answer")
