@@ -84,3 +84,15 @@ def test_areal_reward_fn_trains(tmp_path: Path):
     for r in records:
         assert r["reward/n_errors"] == 0 and r["reward/n_invalid"] == 0
         assert 1.0 <= r["reward/mean"] <= 2.0
+
+
+def test_areal_gsm8k_reward_path_as_areal_writes_it_trains(tmp_path: Path):
+    """``reward.path`` as AReaL's example configs write it: this package's copy of AReaL's
+    math_verify reward loads (AReaL is not installed) and scores without errors."""
+    out = tmp_path / "run"
+    proc = _train(out, "areal.reward.gsm8k.gsm8k_reward_fn")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["reward/n_errors"] == 0 and r["reward/n_invalid"] == 0 for r in records)
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in records)
