@@ -94,12 +94,17 @@ def check_rewards_usable(
     if n == 0 or failed < n:
         return
     problem = getattr(runner, "last_problem", None) or "failed"
+    n_raised = int(stats.get("reward/n_errors", 0))
+    fix = (
+        "its first traceback is in the log above"
+        if n_raised
+        else "it must return a finite int or float"
+    )
     raise RewardFunctionFailed(
         f"reward.path={reward_path!r} failed on every sample of the step ({int(n)} of "
-        f"{int(n)}: {int(stats.get('reward/n_errors', 0))} raised, "
-        f"{int(stats.get('reward/n_invalid', 0))} returned no finite number); the last: "
-        f"{problem}. Training on it would learn from zeros; fix the function (its first "
-        "traceback is in the log above)"
+        f"{int(n)}: {n_raised} raised, {int(stats.get('reward/n_invalid', 0))} returned no "
+        f"finite number); the last: {problem}. Training on it would learn from zeros; fix "
+        f"the function ({fix})"
     )
 
 

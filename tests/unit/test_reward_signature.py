@@ -170,7 +170,10 @@ def test_every_sample_failed_stops_the_run_in_one_line() -> None:
     line = str(info.value)
     assert "\n" not in line and info.value.exit_status == 1
     assert line.startswith("reward.path='mod:fn' failed on every sample of the step (4 of 4")
-    assert "raised KeyError: 'solution'" in line
+    assert "raised KeyError: 'solution'" in line and "first traceback" in line
+    invalid = {"reward/n_errors": 0.0, "reward/n_invalid": 4.0}
+    with pytest.raises(RewardFunctionFailed, match="must return a finite int or float"):
+        check_rewards_usable(invalid, _batch(4), "mod:fn", _Runner())
 
 
 @pytest.mark.parametrize(
