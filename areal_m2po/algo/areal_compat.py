@@ -501,5 +501,8 @@ def dpo_preference_loss(
     logits: torch.Tensor, *, beta: float, loss_type: str = "sigmoid"
 ) -> torch.Tensor:
     """AReaL's ``dpo_preference_loss``: :func:`~areal_m2po.algo.dpo.dpo_preference_loss`
-    without label smoothing (``logits`` per token for ``ipo``), float32 ``[P]``."""
+    without label smoothing (``logits`` per token for ``ipo``), float32 ``[P]``; another
+    ``loss_type`` is refused with AReaL's message."""
+    if loss_type not in ("sigmoid", "ipo"):
+        raise ValueError(f"Unsupported DPO loss_type: {loss_type!r}")
     return dpo.dpo_preference_loss(logits.float(), beta=beta, loss_type=loss_type)

@@ -47,6 +47,17 @@ def _required_field(
     return value
 
 
+def _answer(value: Any, name: str, where: str) -> str | int | float:
+    """The answer field's value: a string, or a finite number (made a string by the caller);
+    a one-line ``ValueError`` naming ``where`` and the field for anything else (null, a bool,
+    a list, an object, NaN), which a reward function could only score 0 on every sample."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, str) or (number and math.isfinite(value)):
+        return value
+    what = "null" if value is None else f"{type(value).__name__} {value!r:.40}"
+    raise ValueError(f"{where}: field {name!r} must be a string or a finite number, got {what}")
+
+
 def _rename(
     raw: Mapping[str, Any], prompt_field: str, answer_field: str, where: str
 ) -> dict[str, Any]:
@@ -54,7 +65,7 @@ def _rename(
     for name in (prompt_field, answer_field):
         _required_field(raw, name, where)
     question = _required_field(raw, prompt_field, where, string=True)
-    answer = raw[answer_field]
+    answer = _answer(raw[answer_field], answer_field, where)
     record = {k: v for k, v in raw.items() if k not in (prompt_field, answer_field)}
     record["question"] = question
     record["answer"] = answer if isinstance(answer, str) else str(answer)

@@ -1,16 +1,23 @@
 """Load a reward function by dotted path and run it over a batch with per-call timeouts.
 
-Reward functions share one signature::
+Two signatures are taken (:mod:`areal_m2po.reward.signature`)::
 
-    fn(prompt: str, completion: str, answer: str, **extra) -> float
+    fn(prompt: str, completion: str, answer: str, **extra) -> float          # this trainer's
+    fn(prompt, completions, prompt_ids, completion_ids, answer, **kwargs)    # AReaL's
 
 ``extra`` holds the record's other dataset columns (:func:`extra_fields`); a function that
-takes no ``**kwargs`` gets only the columns it names as parameters.
+takes no ``**kwargs`` gets only the columns it names as parameters. AReaL's gets both token-id
+lists positionally and ``answer`` with the other columns as keywords, as AReaL's RLVR workflow
+calls it. :func:`load_reward_fn` refuses, in one line, a function that can take neither call
+or is ``async def``.
 
 :class:`RewardRunner` calls it on a small pool of daemon worker threads.  A call that
 raises, returns something that is not a finite number, or runs past ``timeout_s``
-scores 0.0 and is counted in the returned stats; the caller is never blocked longer
-than the slowest call's own deadline.
+scores 0.0 and is counted in the returned stats; the first exception's traceback is logged
+once (it is the user's code), later ones only counted (each distinct message once), and
+:attr:`RewardRunner.last_problem` says what went wrong last, for the trainer's check that a
+step did not fail on every sample.  The caller is never blocked longer than the slowest call's
+own deadline.
 
 A Python thread cannot be killed: a call that times out keeps running in the
 background until it returns on its own.  The runner stops waiting for it, starts a
@@ -22,18 +29,21 @@ their own timeouts, or run the work in a subprocess they can kill.
 
 from __future__ import annotations
 
-import inspect
+import importlib.util
 import logging
 import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_m2po.utils.imports import load_object
+from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.reward.signature import RewardCall, check_reward_fn
+from areal_m2po.utils.imports import load_object, split_spec
 
 __all__ = ["RewardFn", "RewardRunner", "extra_fields", "load_reward_fn"]
 
@@ -51,9 +61,36 @@ def load_reward_fn(spec: str, key: str = "reward.path") -> RewardFn:
     Raises:
         ConfigError: (a ``ValueError``) one line naming ``key`` and ``spec`` when it is
             malformed, the module is missing or fails to import (file and line named), the
-            attribute is missing, or it is not callable; see :func:`load_object`.
+            attribute is missing, or it is not callable (see :func:`load_object`); or when the
+            function is ``async def`` or can take neither reward call (see
+            :func:`~areal_m2po.reward.signature.check_reward_fn`).
     """
-    return load_object(spec, key)
+    fn = load_object(_areal_alias(spec, key), key)
+    check_reward_fn(fn, key, spec)
+    return fn
+
+
+def _areal_alias(spec: str, key: str) -> str:
+    """``spec``, or for AReaL's own paths (``areal.reward.gsm8k.gsm8k_reward_fn``) when AReaL
+    is not installed, the same path under :mod:`areal_m2po.areal`, if that module exists."""
+    module, attr = split_spec(spec, key)
+    if module != "areal" and not module.startswith("areal."):
+        return spec
+    if importlib.util.find_spec("areal") is not None:  # AReaL itself is installed
+        return spec
+    alias = f"areal_m2po.{module}"
+    try:
+        found = importlib.util.find_spec(alias) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise ConfigError(
+            key,
+            f"{spec!r}: AReaL is not installed and areal_m2po.areal has no {module[6:]!r} "
+            "(AReaL's reward functions here: areal_m2po.areal.reward.gsm8k_reward_fn, "
+            "geometry3k_reward_fn)",
+        )
+    return f"{alias}:{attr}"
 
 
 POSITIONAL_FIELDS = ("prompt_text", "answer")
@@ -68,18 +105,6 @@ def extra_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     field's text) and every other dataset column included."""
     skip = (*POSITIONAL_FIELDS, *_NOT_FIELDS)
     return {k: v for k, v in record.items() if k not in skip}
-
-
-def _accepted_keywords(fn: Callable[..., Any]) -> set[str] | None:
-    """The keyword names ``fn`` takes besides its first three parameters (None: any)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # no signature (a builtin): pass everything
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {p.name for p in params[3:] if p.kind in named}
 
 
 @dataclass
@@ -108,13 +133,24 @@ class RewardRunner:
     """Score batches with a reward function on worker threads, with per-call timeouts.
 
     Args:
-        fn: ``fn(prompt, completion, answer, **extra) -> float``.
+        fn: ``fn(prompt, completion, answer, **extra) -> float`` or AReaL's
+            ``fn(prompt, completions, prompt_ids, completion_ids, answer, **kwargs)``.
         timeout_s: seconds one call may run (measured from when it starts) before it
             scores 0.0.
         max_workers: number of calls running at once.
+        name: what the log lines call the function (e.g. ``reward.path``'s value).
+
+    Raises:
+        ConfigError: ``fn`` can take neither call, or is ``async def``.
     """
 
-    def __init__(self, fn: RewardFn, timeout_s: float = 10.0, max_workers: int = 4) -> None:
+    def __init__(
+        self,
+        fn: RewardFn,
+        timeout_s: float = 10.0,
+        max_workers: int = 4,
+        name: str = "reward fn",
+    ) -> None:
         if not callable(fn):
             raise ValueError(f"reward fn must be callable, got {type(fn).__name__}")
         if not timeout_s > 0:
@@ -122,7 +158,10 @@ class RewardRunner:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.fn = fn
-        self._keywords = _accepted_keywords(fn)
+        self.call: RewardCall = check_reward_fn(fn, "reward.path", name)
+        self.name = name
+        self.last_problem: str | None = None  # what went wrong in the last failed call
+        self._traceback_shown = False
         self.timeout_s = float(timeout_s)
         self.max_workers = int(max_workers)
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
@@ -181,6 +220,28 @@ class RewardRunner:
             self._seen_messages.add(message)
         logger.warning(message)
 
+    def _report_error(self, exc: BaseException) -> None:
+        """Remember what ``exc`` says; log its traceback the first time (it is the user's code),
+        later distinct messages once each."""
+        detail = " ".join(str(exc).split())[:200]  # one line
+        self.last_problem = f"raised {type(exc).__name__}: {detail}"
+        message = f"{self.name} {self.last_problem}; scoring 0.0"
+        with self._lock:
+            first, self._traceback_shown = not self._traceback_shown, True
+            if first:
+                self._seen_messages.add(message)
+        if first:
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            logger.warning(
+                "%s %s; scoring 0.0 (its first traceback, shown once; every error is counted "
+                "in reward/n_errors):\n%s",
+                self.name,
+                self.last_problem,
+                trace.rstrip(),
+            )
+            return
+        self._warn_once(message)
+
     # ------------------------------------------------------------------ scoring
     def score(
         self,
@@ -188,11 +249,15 @@ class RewardRunner:
         completions: Sequence[str],
         answers: Sequence[str],
         extras: Sequence[dict[str, Any]] | None = None,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> tuple[list[float], dict[str, float]]:
         """Reward every (prompt, completion, answer[, extra]) sample.
 
         ``extras[i]`` are sample ``i``'s keyword arguments (:func:`extra_fields`); those the
         function does not take (no ``**kwargs`` and no parameter of that name) are left out.
+        ``prompt_ids[i]``/``completion_ids[i]`` are sample ``i``'s token ids, which an AReaL
+        reward function gets (``[]`` when not given).
 
         Returns:
             The rewards (0.0 for failed, invalid or timed-out calls) in input order, and
@@ -204,15 +269,24 @@ class RewardRunner:
                 f"score() needs equal lengths, got {n} prompts, {len(completions)} completions, "
                 f"{len(answers)} answers"
             )
-        if extras is not None and len(extras) != n:
-            raise ValueError(f"score() got {len(extras)} extras for {n} samples")
+        for what, seq in (("extras", extras), ("prompt_ids", prompt_ids)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"score() got {len(seq)} {what} for {n} samples")
+        if completion_ids is not None and len(completion_ids) != n:
+            raise ValueError(f"score() got {len(completion_ids)} completion_ids for {n} samples")
         if n == 0:
             return [], {"reward/n_errors": 0.0, "reward/n_timeouts": 0.0, "reward/n_invalid": 0.0}
         self._ensure_workers()
         tasks = [
             _Task(
-                args=(prompts[i], completions[i], answers[i]),
-                kwargs=self._kwargs(extras[i]) if extras is not None else {},
+                *self.call.arguments(
+                    prompts[i],
+                    completions[i],
+                    answers[i],
+                    extras[i] if extras is not None else None,
+                    prompt_ids[i] if prompt_ids is not None else None,
+                    completion_ids[i] if completion_ids is not None else None,
+                )
             )
             for i in range(n)
         ]
@@ -220,11 +294,6 @@ class RewardRunner:
             self._queue.put(task)
         timed_out = self._wait_all(tasks)
         return self._collect(tasks, timed_out)
-
-    def _kwargs(self, extra: Mapping[str, Any]) -> dict[str, Any]:
-        if self._keywords is None:
-            return dict(extra)
-        return {k: v for k, v in extra.items() if k in self._keywords}
 
     def _wait_all(self, tasks: list[_Task]) -> set[int]:
         """Block until every task finished or passed its deadline; return timed-out indices."""
@@ -271,17 +340,17 @@ class RewardRunner:
             exc = task.future.exception()
             if exc is not None:
                 n_errors += 1
-                self._warn_once(f"reward fn raised {type(exc).__name__}: {exc!s:.200}; scoring 0.0")
+                self._report_error(exc)
                 rewards.append(0.0)
                 continue
             value = task.future.result()
             reward = _as_reward(value)
             if reward is None:
                 n_invalid += 1
-                self._warn_once(
-                    f"reward fn returned {type(value).__name__} {value!r:.80}, "
-                    "not a finite number; scoring 0.0"
+                self.last_problem = (
+                    f"returned {type(value).__name__} {value!r:.80}, not a finite number"
                 )
+                self._warn_once(f"{self.name} {self.last_problem}; scoring 0.0")
                 reward = 0.0
             rewards.append(reward)
         if timed_out:

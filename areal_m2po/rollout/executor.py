@@ -382,5 +382,6 @@ class RolloutExecutor(abc.ABC):
         texts = [
             decode_completion(ctx.tokenizer, r.output_ids, ctx.eos_token_ids) for r in responses
         ]
-        rewards, _ = await asyncio.to_thread(ctx.reward.score_verifiable, records, texts)
+        ids = [list(r.output_ids) for r in responses]
+        rewards, _ = await asyncio.to_thread(ctx.reward.score_verifiable, records, texts, ids)
         return float(sum(1.0 for x in rewards if x > 0.5))

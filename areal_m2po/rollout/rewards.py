@@ -67,14 +67,21 @@ class RewardSources:
         self._model_lock = threading.Lock()  # one reward-model forward at a time
 
     def score_verifiable(
-        self, records: Sequence[Mapping[str, Any]], completions: Sequence[str]
+        self,
+        records: Sequence[Mapping[str, Any]],
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> tuple[list[float], dict[str, float]]:
-        """The verifiable reward of each (record, completion) and the runner's counters."""
+        """The verifiable reward of each (record, completion) and the runner's counters; an
+        AReaL reward function also gets each record's ``prompt_ids`` and ``completion_ids[i]``
+        (``[]`` when not given)."""
         return self.runner.score(
             [r["prompt_text"] for r in records],
             list(completions),
             [r["answer"] for r in records],
             [extra_fields(r) for r in records],
+            [list(r.get("prompt_ids") or []) for r in records],
+            completion_ids,
         )
 
     def _model_scores(
@@ -84,11 +91,17 @@ class RewardSources:
             return self.learned.raw_scores([r["question"] for r in records], list(completions))
 
     async def ascore(
-        self, records: Sequence[Mapping[str, Any]], completions: Sequence[str]
+        self,
+        records: Sequence[Mapping[str, Any]],
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> GroupScores:
-        """Score ``completions[i]`` of ``records[i]`` with every source (in worker threads)."""
+        """Score ``completions[i]`` (token ids ``completion_ids[i]``, for an AReaL reward
+        function) of ``records[i]`` with every source (in worker threads)."""
         t0 = time.perf_counter()
-        verifiable, stats = await asyncio.to_thread(self.score_verifiable, records, completions)
+        verifiable, stats = await asyncio.to_thread(
+            self.score_verifiable, records, completions, completion_ids
+        )
         if self.learned is None:
             return GroupScores(
                 verifiable, [{} for _ in verifiable], stats, time.perf_counter() - t0

@@ -43,7 +43,11 @@ from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
 from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, library_actor_loss, load_actor_loss_fn
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
-from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
+from areal_m2po.trainer.rollout_stats import (
+    check_rewards_usable,
+    filter_groups,
+    rollout_stats,
+)
 from areal_m2po.trainer.run_setup import (
     EXIT_BAD_INPUT,
     build_or_report,
@@ -162,7 +166,7 @@ class RLTrainer(RecoverableStepLoop):
         )
         self.loader, self.total_steps = epoch_loader(self.train_prompts, cfg)
         self.reward_runner = RewardRunner(
-            self.reward_fn, cfg.reward.timeout_s, cfg.reward.max_workers
+            self.reward_fn, cfg.reward.timeout_s, cfg.reward.max_workers, cfg.reward.path
         )
 
     def _build_models(self) -> None:
@@ -279,6 +283,7 @@ class RLTrainer(RecoverableStepLoop):
     def _train_step(self, batch: Batch, info: dict[str, float]) -> dict[str, float]:
         cfg = self.config
         stats = rollout_stats(batch, info, self.actor_engine.version)
+        check_rewards_usable(stats, batch, self.config.reward.path, self.reward_runner)
         if cfg.rollout.dynamic_filtering:
             n_groups = batch["rewards"].numel() // cfg.gconfig.n_samples
             batch, frac = filter_groups(batch, cfg.gconfig.n_samples)

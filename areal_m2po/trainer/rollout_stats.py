@@ -6,13 +6,21 @@ Every statistic is over all ranks (each rank holds its share of the batch's prom
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
+from areal_m2po.api.errors import RunError
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows
 
-__all__ = ["REWARD_COUNTS", "filter_groups", "rollout_stats"]
+__all__ = [
+    "REWARD_COUNTS",
+    "RewardFunctionFailed",
+    "check_rewards_usable",
+    "filter_groups",
+    "rollout_stats",
+]
 
 REWARD_COUNTS = ("reward/n_errors", "reward/n_timeouts", "reward/n_invalid")
 """Counters of the reward runner, summed over ranks."""
@@ -59,6 +67,45 @@ def rollout_stats(batch: Batch, info: dict[str, float], version: int) -> dict[st
         version - float(v_tot[0]) / float(v_tot[1]) if float(v_tot[1]) else 0.0
     )
     return stats
+
+
+class RewardFunctionFailed(RunError):
+    """Every sample of a step failed in the reward function (raised or gave no number)."""
+
+
+def check_rewards_usable(
+    stats: dict[str, float], batch: Batch, reward_path: str, runner: Any
+) -> None:
+    """Stop the run when the reward function failed on every sample of the batch (over all
+    ranks): each call raised or returned no finite number (``reward/n_errors`` plus
+    ``reward/n_invalid`` of :func:`rollout_stats`' ``stats`` equal the batch's samples). Calls
+    that timed out do not count as failures (a slow function is not a broken one); a batch with
+    no verifiable scores at all (a workflow grading on its own) passes.
+
+    Args:
+        runner: the :class:`~areal_m2po.reward.runner.RewardRunner`; its ``last_problem``
+            names the error in the message.
+
+    Raises:
+        RewardFunctionFailed: one line naming ``reward.path`` and the error (exit status 1).
+    """
+    failed = stats.get("reward/n_errors", 0.0) + stats.get("reward/n_invalid", 0.0)
+    n = float(dist.all_reduce_sum(torch.tensor([float(batch["rewards"].numel())]).double())[0])
+    if n == 0 or failed < n:
+        return
+    problem = getattr(runner, "last_problem", None) or "failed"
+    n_raised = int(stats.get("reward/n_errors", 0))
+    fix = (
+        "its first traceback is in the log above"
+        if n_raised
+        else "it must return a finite int or float"
+    )
+    raise RewardFunctionFailed(
+        f"reward.path={reward_path!r} failed on every sample of the step ({int(n)} of "
+        f"{int(n)}: {n_raised} raised, {int(stats.get('reward/n_invalid', 0))} returned no "
+        f"finite number); the last: {problem}. Training on it would learn from zeros; fix "
+        f"the function ({fix})"
+    )
 
 
 def filter_groups(batch: Batch, group_size: int) -> tuple[Batch, float]:

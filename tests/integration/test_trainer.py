@@ -302,14 +302,16 @@ def test_critic_gae_run(tmp_path):
     assert all(math.isfinite(r["critic/grad_norm"]) for r in records)
 
 
-def test_dynamic_filtering_and_failing_reward(tmp_path):
-    cfg = tiny_config(tmp_path, steps=2, reward="toy_rewards:always_raises")
+def test_dynamic_filtering_and_signal_free_reward(tmp_path):
+    """Every group's rewards equal (all 0, without errors): every group is filtered out (a
+    reward that fails on every sample stops the run instead: test_reward_failures.py)."""
+    cfg = tiny_config(tmp_path, steps=2, reward="toy_rewards:always_zero")
     cfg.rollout = RolloutConfig(dynamic_filtering=True)
     cfg.evaluator = EvaluatorConfig(freq_steps=None, eval_at_start=False, eval_at_end=False)
     records = train(cfg)
     for r in records:
         assert r["reward/mean"] == 0.0
-        assert r["reward/n_errors"] == 16
+        assert r["reward/n_errors"] == 0
         assert r["rollout/filtered_group_fraction"] == 1.0
 
 

@@ -123,6 +123,27 @@ def test_load_jsonl_missing_field(tmp_path) -> None:
         ),
         # both fields are checked for presence before the prompt's type
         ('{"question": 3}', r"data\.jsonl:2: missing field 'answer'$"),
+        # an answer no reward function could score (it became the string 'None', ...)
+        (
+            '{"question": "q", "answer": null}',
+            r"data\.jsonl:2: field 'answer' must be a string or a finite number, got null$",
+        ),
+        (
+            '{"question": "q", "answer": true}',
+            r"data\.jsonl:2: field 'answer' must be a string or a finite number, got bool True$",
+        ),
+        (
+            '{"question": "q", "answer": ["1", "2"]}',
+            r"data\.jsonl:2: field 'answer' must be a string or a finite number, got list",
+        ),
+        (
+            '{"question": "q", "answer": {"v": 1}}',
+            r"data\.jsonl:2: field 'answer' must be a string or a finite number, got dict",
+        ),
+        (
+            '{"question": "q", "answer": NaN}',
+            r"data\.jsonl:2: field 'answer' must be a string or a finite number, got float nan",
+        ),
     ],
 )
 def test_load_jsonl_bad_record(tmp_path, line: str, message: str) -> None:

@@ -91,7 +91,8 @@ class RLVRWorkflow(RolloutWorkflow):
         self, record: dict[str, Any], responses: Sequence[ModelResponse], texts: Sequence[str]
     ) -> GroupScores:
         """Rewards of the group (default: every reward source of the config)."""
-        return await self.context.reward.ascore([record] * len(texts), texts)
+        ids = [list(r.output_ids) for r in responses]
+        return await self.context.reward.ascore([record] * len(texts), texts, ids)
 
     def accept(self, group: TrajectoryGroup, texts: Sequence[str]) -> bool:
         """Whether to keep the group (default: always)."""

@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from areal_m2po.reward.runner import extra_fields
+from areal_m2po.reward.signature import check_reward_fn
 from areal_m2po.rollout.workflows.multi_turn.calculator import CalculatorError, calculate
 
 __all__ = [
@@ -45,14 +47,19 @@ Grader = Callable[[str], Awaitable[float]]
 
 
 def grader_from_fn(record: Mapping[str, Any], reward_fn: RewardFn) -> Grader:
-    """A grader calling ``reward_fn(prompt, completion, answer)`` (in a worker thread); a
-    reward function that raises or returns a non-finite value scores the answer 0."""
+    """A grader calling ``reward_fn(prompt, completion, answer, **fields)`` or AReaL's
+    ``reward_fn(prompt, completions, prompt_ids, completion_ids, answer, **fields)`` (in a
+    worker thread; the answer's token ids are not known here: ``[]``); a reward function that
+    raises or returns a non-finite value scores the answer 0."""
     prompt = str(record.get("prompt_text", record.get("question", "")))
     answer = str(record.get("answer", ""))
+    call = check_reward_fn(reward_fn, "rollout.workflow_kwargs.reward_fn")
+    extra = extra_fields(record)
 
     def score(text: str) -> float:
+        args, kwargs = call.arguments(prompt, text, answer, extra, record.get("prompt_ids"))
         try:
-            value = float(reward_fn(prompt, text, answer))
+            value = float(reward_fn(*args, **kwargs))
         except Exception:  # noqa: BLE001 - a reward crash on model text scores the answer 0
             return 0.0
         return value if math.isfinite(value) else 0.0

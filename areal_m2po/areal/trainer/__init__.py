@@ -1,0 +1,1 @@
+"""AReaL's ``areal.trainer`` pure functions (see :mod:`areal_m2po.areal`)."""

@@ -1,0 +1,1 @@
+"""AReaL's ``areal.trainer.ppo`` (see :mod:`areal_m2po.areal.trainer.ppo.actor`)."""
