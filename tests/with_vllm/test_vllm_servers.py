@@ -139,7 +139,7 @@ def test_only_the_key_drives_the_server_and_weights_load_only_from_its_root(
     /inference and /v1, the dev-mode weight, pause and RPC endpoints alike), it is on no
     command line and in no log, a weight folder outside --weights-root is refused, and a body
     over the limit gets a 413; the engine then still samples."""
-    from areal_m2po.rollout.servers.weight_files import write_weights
+    from areal_m2po.rollout.common.weight_files import write_weights
 
     addr = engine.addrs[0]
     url = f"http://{addr}"

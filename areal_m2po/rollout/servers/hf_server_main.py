@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from areal_m2po.rollout.servers.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+from areal_m2po.rollout.common.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.extras import require_extra

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-from areal_m2po.rollout.servers.guard import (
+from areal_m2po.rollout.common.guard import (
     API_KEY_ENV,
     DEFAULT_MAX_BODY_BYTES,
     MAX_BODY_ENV,
@@ -34,7 +34,7 @@ from areal_m2po.rollout.servers.watchdog import watch_parent
 
 __all__ = ["GUARD", "main"]
 
-GUARD = "areal_m2po.rollout.servers.guard.VLLMServerGuard"
+GUARD = "areal_m2po.rollout.common.guard.VLLMServerGuard"
 """The ``--middleware`` path of the gate."""
 
 VLLM_KEY_ENV = "VLLM_API_KEY"

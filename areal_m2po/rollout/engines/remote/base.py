@@ -13,7 +13,7 @@ trainer's thread alike; the pool's state is touched on that loop only, so nothin
   ``abort``) is continued from the tokens it has, once generation is allowed again, so its
   per-token versions say which weights made which token.
 * **Weights** go through disk: one safetensors directory per version
-  (:mod:`areal_m2po.rollout.servers.weight_files`), which every server loads between a pause
+  (:mod:`areal_m2po.rollout.common.weight_files`), which every server loads between a pause
   and a resume; older versions are deleted.
 * **Faults** (:mod:`.errors`): a server that fails (:class:`~.errors.ServerError`: no
   connection, a timeout, a 5xx, a malformed reply, its process gone) or does not answer the
@@ -52,7 +52,7 @@ from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServer
 from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
 from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
 from areal_m2po.rollout.engines.request_limits import RequestLimits
-from areal_m2po.rollout.servers.weight_files import (
+from areal_m2po.rollout.common.weight_files import (
     check_weights_version,
     prune_weights,
     write_weights,

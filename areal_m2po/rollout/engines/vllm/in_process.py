@@ -55,7 +55,7 @@ from areal_m2po.rollout.engines.vllm.weights import (
     checkpoint_names,
     with_tied_head,
 )
-from areal_m2po.rollout.servers.weight_files import read_weights_of
+from areal_m2po.rollout.common.weight_files import read_weights_of
 
 __all__ = ["VLLMEngineOptions", "VLLMInProcessEngine", "to_vllm_sampling"]
 

@@ -11,7 +11,7 @@ environment) loads only from below that folder, symlinks resolved.
 
 This module is imported inside the vLLM worker process: it imports only the standard library,
 torch, safetensors, :mod:`areal_m2po.rollout.engines.vllm.weights` and
-:mod:`areal_m2po.rollout.servers.guard`.
+:mod:`areal_m2po.rollout.common.guard`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
-from areal_m2po.rollout.servers.guard import WEIGHTS_ROOT_ENV, below_root
+from areal_m2po.rollout.common.guard import WEIGHTS_ROOT_ENV, below_root
 
 __all__ = ["WeightReloadExtension"]
 
