@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.common.guard import API_KEY_ENV
+from areal_m2po.rollout.common.weight_files import write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
 from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
-from areal_m2po.rollout.common.guard import API_KEY_ENV
-from areal_m2po.rollout.common.weight_files import write_weights
 
 OOV = 10_000  # builtin:tiny has 99 token ids and 512 positions
 BODY_LIMIT = 20_000

@@ -9,8 +9,8 @@ import pytest
 
 from areal_m2po.api.cli_args import SERVER_API_KEY_ENV, ConfigError, RolloutConfig, VLLMConfig
 from areal_m2po.api.config_loader import config_to_yaml, load_config, save_config
-from areal_m2po.rollout.factory import server_api_key
 from areal_m2po.rollout.common.guard import API_KEY_ENV, bearer_matches, below_root
+from areal_m2po.rollout.factory import server_api_key
 
 SECRET = "s3cret-key-never-shown"
 

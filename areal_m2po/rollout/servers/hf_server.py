@@ -47,11 +47,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.rollout.common.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
+from areal_m2po.rollout.common.weight_files import read_weights
 from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import answer_each
 from areal_m2po.rollout.engines.request_limits import RequestLimits
-from areal_m2po.rollout.common.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
-from areal_m2po.rollout.common.weight_files import read_weights
 
 logger = logging.getLogger("areal_m2po.rollout_server")
 

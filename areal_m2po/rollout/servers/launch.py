@@ -22,8 +22,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from areal_m2po.rollout.engines.vllm.setup import VLLMModelOptions, vllm_env
 from areal_m2po.rollout.common.guard import API_KEY_ENV
+from areal_m2po.rollout.engines.vllm.setup import VLLMModelOptions, vllm_env
 from areal_m2po.rollout.servers.processes import ServerProcesses
 
 __all__ = [

@@ -48,15 +48,15 @@ from typing import Any, Protocol
 import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
-from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
-from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
-from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
-from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.common.weight_files import (
     check_weights_version,
     prune_weights,
     write_weights,
 )
+from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
+from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
+from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
+from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.utils import dist
 from areal_m2po.utils.aio import cancel_pending, gather_or_cancel
 

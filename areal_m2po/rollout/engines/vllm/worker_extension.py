@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
 from areal_m2po.rollout.common.guard import WEIGHTS_ROOT_ENV, below_root
+from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
 
 __all__ = ["WeightReloadExtension"]
 
