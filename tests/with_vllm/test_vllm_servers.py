@@ -168,7 +168,7 @@ def test_only_the_key_drives_the_server_and_weights_load_only_from_its_root(
     resp = httpx.post(url + "/collective_rpc", json=rpc, headers=auth, timeout=120)
     assert resp.status_code == 500  # vLLM's answer to a failed RPC (paths shown as <path>)
     assert "is not below the server's --weights-root" in resp.json()["error"]["message"]
-    # a body over the 64 MiB default is refused from its Content-Length, before it is read
+    # a body over the 16 MiB default is refused from its Content-Length, before it is read
     status_line = _raw_post_head(addr, "/inference/v1/generate", KEY, (64 << 20) + 1)
     assert status_line.startswith("HTTP/1.1 413"), status_line
     version = engine.get_version()
