@@ -248,8 +248,9 @@ class AgentProxy:
         self.tokenizer = tokenizer
         self.builder = PromptBuilder(tokenizer, set(eos_ids))
         self.token_chars = max_token_chars(tokenizer)
-        # rendering and tokenising run here, off the event loop, one call at a time
-        self._work = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-render")
+        # rendering and tokenising run here, off the event loop (a fast tokenizer encodes from
+        # several threads at once; it is never reconfigured here); a few calls at a time
+        self._work = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="agent-render")
         self.host, self.port = host, port
         self.allow_non_loopback = allow_non_loopback
         self.sessions: dict[str, AgentSession] = {}
