@@ -58,7 +58,10 @@ def bounded_http_protocol(
             idle = [
                 c
                 for c in self.connections
-                if c is not self and not c.transport.is_closing() and c._receiving()
+                if isinstance(c, BoundedH11Protocol)
+                and c is not self
+                and not c.transport.is_closing()
+                and c._receiving()
             ]
             victim = min(idle, key=lambda c: c._request_since) if idle else self
             victim.transport.close()

@@ -425,7 +425,7 @@ class AgentProxy:
             raise
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
-        content, tool_calls = text, []
+        content, tool_calls = text, list[dict[str, Any]]()
         if request.tools and request.tool_choice == "auto":
             content, tool_calls = parse_tool_calls(text)
         reply: dict[str, Any] = {"role": "assistant", "content": content}

@@ -25,9 +25,14 @@ request that fails alone gets a 500.
 
 Only its trainer drives it (:class:`ServerLimits`): every endpoint but ``/health`` wants the
 API key, weights load only from below ``--weights-root``, and each ``/generate`` is checked
-before it is queued: a body that is not a JSON object, token ids outside the vocabulary,
-``max_new_tokens`` or a prompt that does not fit the context, and a body over
-``--max-body-bytes`` each get a 4xx naming the limit (:mod:`.guard`).
+before it is queued (:mod:`.generate_request`): a body that is not a JSON object, token ids
+outside the vocabulary, ``max_new_tokens`` or a prompt that does not fit the context, stop
+strings the tokenizer cannot match, temperatures generation cannot sample at, and a body over
+``--max-body-bytes`` each get a 4xx naming the limit (:mod:`~areal_m2po.rollout.common.guard`).
+A request that still fails inside generation with an error of the request's kind (it fails
+alone, the others of its batch are answered) is a 400 too: 5xx is for the server's own faults,
+and carries one line, never a traceback. A weight load is all or nothing: the resolved file
+below the root, every tensor checked against the served model, then the swap and the version.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(ours)
     refused = refused_server_arg(theirs)
     if refused is not None:
-        parser.error(f"{refused}; give our --api-key before '--'")
+        parser.error(f"{refused}; give --api-key before '--'")
     watch_parent(args.parent_pid, _kill_group, args.watch_interval)
     key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_KEY_ENV)
     os.environ[MAX_BODY_ENV] = str(args.max_body_bytes)  # read by the gate in this process
