@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
-    p.add_argument("--log-level", default="warning", choices=_LOG_LEVELS)
+    p.add_argument("--log-level", default="warning", type=str.lower, choices=_LOG_LEVELS)
     return p.parse_args(argv)
 
 
