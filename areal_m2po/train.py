@@ -16,6 +16,7 @@ import sys
 
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.entry import EXIT_BAD_CONFIG, config_main, exit_status
+from areal_m2po.utils.fd_limit import raise_open_file_limit
 
 __all__ = ["EXIT_BAD_CONFIG", "main"]
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns the exit status: 0 for ``--help``/``--print-config``, 2 for a bad config, else what
     ``run(cfg)`` returns.
     """
+    raise_open_file_limit()  # the agent endpoint's connections must not starve the run's files
     return config_main(argv, PPOConfig, "areal_m2po.trainer.rl_trainer:run")
 
 

@@ -44,7 +44,7 @@ params = sum(p.numel() * p.element_size() for p in trainer.actor_engine.unwrappe
 engine = trainer.rollout.engine
 tensors = trainer.actor_engine.full_tensors()
 if mode == "async":  # the write the servers would load (no server: write only)
-    from areal_m2po.rollout.servers.weight_files import write_weights
+    from areal_m2po.rollout.common.weight_files import write_weights
     write_weights(dict(tensors), engine.weights_root, 1, engine.model_config)
 else:
     engine.update_weights_from_tensors(tensors, 1)

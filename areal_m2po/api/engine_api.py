@@ -298,7 +298,7 @@ class InferenceEngine(abc.ABC):
     def update_weights_from_disk(self, path: str, version: int) -> None:
         """As :meth:`update_weights_from_tensors`, from a directory holding
         ``model.safetensors`` (and ``config.json``), as
-        :func:`areal_m2po.rollout.servers.weight_files.write_weights` writes it."""
+        :func:`areal_m2po.rollout.common.weight_files.write_weights` writes it."""
 
     @abc.abstractmethod
     def pause(self) -> None:

@@ -6,7 +6,8 @@ The two interfaces live in :mod:`areal_m2po.api.engine_api` and
 * engines (:mod:`.engines`): Hugging Face ``generate`` in process, rollout servers over HTTP
   (one remote engine, SGLang-protocol and vLLM backends), vLLM in process;
 * servers (:mod:`.servers`): the HF rollout server, the process manager of every server the
-  trainer starts, the weight files they load;
+  trainer starts; what engines and servers both need (the weight files, the server gate) is
+  in :mod:`.common`, which imports neither;
 * workflows (:mod:`.workflows`, named by ``rollout.workflow``): single-turn RLVR, multi-turn
   episodes, agent code behind the OpenAI-compatible endpoint (:mod:`.openai`), scoring with
   :mod:`.rewards`;

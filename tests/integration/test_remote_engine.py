@@ -187,6 +187,37 @@ def test_a_reply_without_an_integer_version_is_a_server_error(servers):
         engine.destroy()
 
 
+def _wait(condition, what, timeout=30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_two_failed_health_probes_keep_a_server_three_drop_it(servers):
+    """A server slow to answer /health once or twice (under a flood, say) stays in the pool;
+    only PROBES_TO_DROP (3) consecutive failures declare it dead."""
+    from areal_m2po.rollout.engines.remote.base import PROBES_TO_DROP
+
+    engine = _engine(servers, health_check_interval=0.02, tolerate_server_failures=True)
+    flaky = servers[0]
+    try:
+        flaky.fail_health_next = PROBES_TO_DROP - 1
+        _wait(lambda: flaky.health_refused == PROBES_TO_DROP - 1, "the failed probes")
+        probes = len(flaky.endpoints("/health"))
+        _wait(lambda: len(flaky.endpoints("/health")) >= probes + 3, "good probes after them")
+        assert engine.metrics()["rollout/n_servers"] == 2  # two misses, then good answers
+        engine.check_health()
+        flaky.health_refused, flaky.fail_health_next = 0, 10**6
+        _wait(lambda: engine.metrics()["rollout/n_servers"] == 1, "the server is dropped")
+        assert flaky.health_refused == PROBES_TO_DROP  # probing stops once it is dropped
+        assert _generate(engine, [1, 2]).output_len == 3  # the other server serves
+    finally:
+        engine.destroy()
+
+
 def test_a_server_that_never_answers_health_is_named_at_start(tmp_path):
     from areal_m2po.utils.net import free_port
 

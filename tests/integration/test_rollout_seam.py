@@ -138,7 +138,7 @@ def test_a_batch_of_episodes_is_one_generate_call_with_the_old_tokens(tiny):
 
 
 def test_hf_engine_versions_weights_from_disk_and_greedy(tiny, tmp_path):
-    from areal_m2po.rollout.servers.weight_files import write_weights
+    from areal_m2po.rollout.common.weight_files import write_weights
 
     model, tok, records = tiny
     engine = HFInProcessEngine(model, tok, torch.device("cpu"))

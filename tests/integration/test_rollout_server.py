@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.common.weight_files import read_weights, write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine, sglang_params
-from areal_m2po.rollout.servers.weight_files import read_weights, write_weights
 
 SGLANG = {
     # GenerateReqInput fields (a subset: the ones a text-only RL client can send)

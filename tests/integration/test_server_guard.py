@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
+from areal_m2po.rollout.common.guard import API_KEY_ENV
+from areal_m2po.rollout.common.weight_files import write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
 from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
-from areal_m2po.rollout.servers.guard import API_KEY_ENV
-from areal_m2po.rollout.servers.weight_files import write_weights
 
 OOV = 10_000  # builtin:tiny has 99 token ids and 512 positions
 BODY_LIMIT = 20_000
@@ -231,7 +231,11 @@ def test_a_failing_batch_in_the_server_fails_only_the_request_that_fails_alone()
     from areal_m2po.engine.builtin_models import resolve_model_path
     from areal_m2po.engine.train_engine import load_causal_lm
     from areal_m2po.rollout.engines.hf_generator import HFGenerator
-    from areal_m2po.rollout.servers.hf_server import GenerationWorker, parse_generate_request
+    from areal_m2po.rollout.servers.hf_server import (
+        GenerationWorker,
+        RequestFault,
+        parse_generate_request,
+    )
 
     local = resolve_model_path("builtin:tiny")
     model = load_causal_lm(local, "float32", "sdpa").eval()
@@ -244,7 +248,8 @@ def test_a_failing_batch_in_the_server_fails_only_the_request_that_fails_alone()
         outcomes = [f.exception(timeout=60) or f.result() for f in futures]
     finally:
         worker.close()
-    assert isinstance(outcomes[3], IndexError)
+    # an error of the request's kind that fails it alone is the request's fault (a 400)
+    assert isinstance(outcomes[3], RequestFault) and "index out of range" in str(outcomes[3])
     for i, out in enumerate(outcomes):
         if i != 3:
             assert isinstance(out, dict) and 1 <= len(out["output_ids"]) <= 3

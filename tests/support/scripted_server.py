@@ -46,6 +46,10 @@ class ScriptedServer:
         self.abort_first = abort_first
         self.version_label = version_label
         self.calls: list[tuple[str, Any]] = []
+        self.fail_health_next = 0
+        """The next this many ``/health`` probes are answered 503 (counted in
+        ``health_refused``)."""
+        self.health_refused = 0
         self.version = 0
         self._lock = threading.Lock()
         self._server: Any = None
@@ -78,7 +82,13 @@ class ScriptedServer:
 
         @app.get("/health")
         async def health() -> Any:
-            return Response(status_code=self._record("/health", None) or 200)
+            status = self._record("/health", None) or 200
+            with self._lock:
+                if self.fail_health_next > 0:
+                    self.fail_health_next -= 1
+                    self.health_refused += 1
+                    status = 503
+            return Response(status_code=status)
 
         @app.post("/generate")
         async def generate(request: Request) -> Any:

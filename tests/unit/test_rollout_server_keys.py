@@ -9,8 +9,8 @@ import pytest
 
 from areal_m2po.api.cli_args import SERVER_API_KEY_ENV, ConfigError, RolloutConfig, VLLMConfig
 from areal_m2po.api.config_loader import config_to_yaml, load_config, save_config
+from areal_m2po.rollout.common.guard import API_KEY_ENV, bearer_matches, below_root
 from areal_m2po.rollout.factory import server_api_key
-from areal_m2po.rollout.servers.guard import API_KEY_ENV, bearer_matches, below_root
 
 SECRET = "s3cret-key-never-shown"
 
@@ -159,7 +159,7 @@ def _asgi_call(guard, scope):
 def test_a_websocket_without_the_key_is_closed_before_it_reaches_the_server(
     headers, allowed
 ) -> None:
-    from areal_m2po.rollout.servers.guard import ServerGuard
+    from areal_m2po.rollout.common.guard import ServerGuard
 
     scope = {"type": "websocket", "path": "/v1/realtime", "headers": headers}
     sent, reached = _asgi_call(ServerGuard(None, api_key="k"), scope)

@@ -122,7 +122,7 @@ def test_update_follows_perturbed_weights_tied_head(engine, hf_model, tiny_dir):
 
 
 def test_update_from_disk_and_bad_updates(engine, hf_model, tmp_path):
-    from areal_m2po.rollout.servers.weight_files import write_weights
+    from areal_m2po.rollout.common.weight_files import write_weights
 
     new_state = perturbed_state(hf_model, scale=0.05, seed=12)
     path = write_weights(new_state, str(tmp_path / "w"), 7, hf_model.config)

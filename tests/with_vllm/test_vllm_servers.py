@@ -139,7 +139,7 @@ def test_only_the_key_drives_the_server_and_weights_load_only_from_its_root(
     /inference and /v1, the dev-mode weight, pause and RPC endpoints alike), it is on no
     command line and in no log, a weight folder outside --weights-root is refused, and a body
     over the limit gets a 413; the engine then still samples."""
-    from areal_m2po.rollout.servers.weight_files import write_weights
+    from areal_m2po.rollout.common.weight_files import write_weights
 
     addr = engine.addrs[0]
     url = f"http://{addr}"
@@ -168,7 +168,7 @@ def test_only_the_key_drives_the_server_and_weights_load_only_from_its_root(
     resp = httpx.post(url + "/collective_rpc", json=rpc, headers=auth, timeout=120)
     assert resp.status_code == 500  # vLLM's answer to a failed RPC (paths shown as <path>)
     assert "is not below the server's --weights-root" in resp.json()["error"]["message"]
-    # a body over the 64 MiB default is refused from its Content-Length, before it is read
+    # a body over the 16 MiB default is refused from its Content-Length, before it is read
     status_line = _raw_post_head(addr, "/inference/v1/generate", KEY, (64 << 20) + 1)
     assert status_line.startswith("HTTP/1.1 413"), status_line
     version = engine.get_version()

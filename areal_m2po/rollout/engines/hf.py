@@ -39,10 +39,10 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.rollout.common.weight_files import read_weights_of
 from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher, answer_each
 from areal_m2po.rollout.engines.request_limits import model_limits
-from areal_m2po.rollout.servers.weight_files import read_weights_of
 from areal_m2po.utils.data import Batch
 
 __all__ = ["HFInProcessEngine", "plan_calls"]

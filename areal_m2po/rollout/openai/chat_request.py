@@ -6,7 +6,12 @@
 a field is used, checked against the trainer's settings, or refused.
 
 Tool calls in a completion are read in the Hermes/Qwen format the common chat templates use,
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A completion is data: parsing
+never raises, whatever the model wrote (a malformed call, a thousand nested brackets, a lone
+surrogate escape); what is not a well-formed call stays in the text.
+
+A call is bounded before it is worked on (:mod:`.limits`): at most ``MAX_MESSAGES`` messages
+and ``MAX_CALL_CHARS`` characters of text, every string valid Unicode.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+from areal_m2po.rollout.openai.limits import MAX_CALL_CHARS, MAX_MESSAGES, check_unicode
 
 __all__ = [
     "ACCEPTED_FIELDS",
@@ -101,6 +108,8 @@ class ChatRequest:
     model: str = "policy"
     temperature: float | None = None
     top_p: float | None = None
+    chars: int = 0
+    """Characters of the call's text (contents, tool calls, tools), at most MAX_CALL_CHARS."""
 
 
 def _text(content: Any, where: str) -> str:
@@ -257,13 +266,26 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise ChatRequestError(
             None, f"the request body must be a JSON object, got {type(body).__name__}"
         )
+    bad = check_unicode(body, "body")
+    if bad is not None:
+        raise ChatRequestError(bad.removeprefix("body."), "not valid Unicode (a lone surrogate)")
     _check_flags(body)
     raw_messages = body.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ChatRequestError("messages", "must be a non-empty list of messages")
+    if len(raw_messages) > MAX_MESSAGES:
+        raise ChatRequestError(
+            "messages", f"{len(raw_messages)} messages; at most {MAX_MESSAGES} in one call"
+        )
     messages = [_message(m, i) for i, m in enumerate(raw_messages)]
     tools, tool_choice = _tools(body)
+    chars = _chars(messages, tools)
+    if chars > MAX_CALL_CHARS:
+        raise ChatRequestError(
+            "messages", f"{chars} characters of text; at most {MAX_CALL_CHARS} in one call"
+        )
     return ChatRequest(
+        chars=chars,
         messages=messages,
         tools=tools,
         max_new_tokens=_max_tokens(body),
@@ -276,8 +298,42 @@ def parse_chat_request(body: Any) -> ChatRequest:
     )
 
 
+def _chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """Characters of text in normalised ``messages`` and ``tools``."""
+    total = 0
+    for m in messages:
+        total += len(m["content"])
+        for call in m.get("tool_calls") or ():
+            total += len(call["function"]["name"]) + len(call["function"]["arguments"])
+    if tools:
+        total += len(json.dumps(tools))  # bounded by the body limit; depth by the parser's
+    return total
+
+
+def _one_call(body: str) -> dict[str, Any] | None:
+    """The OpenAI tool call a ``<tool_call>`` body stands for, or None when it is not JSON
+    with a string ``name`` (too deep, a number too long, a lone surrogate escape included)."""
+    try:
+        payload = json.loads(body)
+        if not (isinstance(payload, dict) and isinstance(payload.get("name"), str)):
+            return None
+        arguments = payload.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        call = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": payload["name"], "arguments": arguments},
+        }
+        if check_unicode(call, "call") is not None:
+            return None
+    except (ValueError, RecursionError, TypeError):
+        return None
+    return call
+
+
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(text outside the tool calls, OpenAI ``tool_calls``) of a completion.
+    """(text outside the tool calls, OpenAI ``tool_calls``) of a completion; never raises.
 
     A ``<tool_call>`` whose body is not JSON with a string ``name`` is left in the text (the
     agent sees what the model wrote and no call is made).
@@ -286,23 +342,10 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     kept: list[str] = []
     position = 0
     for match in _TOOL_CALL_RE.finditer(text):
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
+        call = _one_call(match.group(1))
+        if call is None:
             continue
-        if not (isinstance(payload, dict) and isinstance(payload.get("name"), str)):
-            continue
-        arguments = payload.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
+        calls.append(call)
         kept.append(text[position : match.start()])
         position = match.end()
     kept.append(text[position:])

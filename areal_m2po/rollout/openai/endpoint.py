@@ -42,14 +42,17 @@ from fastapi.responses import JSONResponse
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
 from areal_m2po.api.workflow_api import Trajectory
+from areal_m2po.rollout.common.connections import bounded_http_protocol
+from areal_m2po.rollout.common.guard import ServerGuard
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
     ChatRequestError,
-    normalise_assistant,
     parse_chat_request,
     parse_tool_calls,
 )
-from areal_m2po.rollout.token_text import encode_text
+from areal_m2po.rollout.openai.limits import MAX_BODY_BYTES, max_token_chars, min_tokens
+from areal_m2po.rollout.openai.prompt_builder import PromptBuilder
+from areal_m2po.utils.fd_limit import raise_open_file_limit
 
 __all__ = [
     "AgentProxy",
@@ -61,7 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("areal_m2po.agent_proxy")
-_SENTINEL = "\u2063ASSISTANT_SENTINEL\u2063"
 
 
 def is_loopback(host: str) -> bool:
@@ -207,76 +209,6 @@ class EpisodeBudgetSpent(ChatRequestError):
     code = "context_length_exceeded"
 
 
-class _PromptBuilder:
-    """Renders requests with the tokenizer's chat template; extends earlier calls' tokens."""
-
-    def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the agent endpoint needs a tokenizer with a chat template")
-        text = self.render(
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": _SENTINEL}],
-            None,
-            False,
-        )
-        self.assistant_close = text[text.index(_SENTINEL) + len(_SENTINEL) :]
-        eos_text = tokenizer.eos_token or ""
-        self.close_after_eos = (
-            self.assistant_close[len(eos_text) :]
-            if eos_text and self.assistant_close.startswith(eos_text)
-            else self.assistant_close
-        )
-
-    def render(self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
-        rendered = []
-        for m in messages:  # templates take tool-call arguments as objects
-            if m.get("tool_calls"):
-                m = {**m, "tool_calls": [_with_object_arguments(c) for c in m["tool_calls"]]}
-            rendered.append(m)
-        try:
-            return self.tokenizer.apply_chat_template(
-                rendered, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
-            )
-        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise ChatRequestError(
-                "messages", f"the chat template cannot render them ({exc})"
-            ) from None
-
-    def build(self, request: ChatRequest, calls: list[CallRecord]) -> tuple[list[int], int | None]:
-        """(prompt ids, index of the call they extend or None)."""
-        full = self.render(request.messages, request.tools, True)
-        for index in range(len(calls) - 1, -1, -1):
-            call = calls[index]
-            k = len(call.messages)
-            if (
-                len(request.messages) > k
-                and request.tools == call.tools
-                and request.messages[:k] == call.messages
-                and request.messages[k]["role"] == "assistant"
-                and normalise_assistant(request.messages[k]) == normalise_assistant(call.reply)
-            ):
-                prefix = self.render(request.messages[: k + 1], request.tools, False)
-                if not full.startswith(prefix):
-                    continue
-                ended_with_eos = (
-                    bool(call.completion_ids) and call.completion_ids[-1] in self.eos_ids
-                )
-                glue = self.close_after_eos if ended_with_eos else self.assistant_close
-                tail = encode_text(self.tokenizer, glue + full[len(prefix) :])
-                return call.prompt_ids + call.completion_ids + tail, index
-        return encode_text(self.tokenizer, full), None
-
-
-def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
-    arguments = call["function"]["arguments"]
-    try:
-        parsed = json.loads(arguments)
-    except (TypeError, json.JSONDecodeError):
-        parsed = arguments
-    return {**call, "function": {**call["function"], "arguments": parsed}}
-
-
 def _error(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
@@ -314,7 +246,11 @@ class AgentProxy:
                 "to bind it anyway)"
             )
         self.tokenizer = tokenizer
-        self.builder = _PromptBuilder(tokenizer, set(eos_ids))
+        self.builder = PromptBuilder(tokenizer, set(eos_ids))
+        self.token_chars = max_token_chars(tokenizer)
+        # rendering and tokenising run here, off the event loop (a fast tokenizer encodes from
+        # several threads at once; it is never reconfigured here); a few calls at a time
+        self._work = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="agent-render")
         self.host, self.port = host, port
         self.allow_non_loopback = allow_non_loopback
         self.sessions: dict[str, AgentSession] = {}
@@ -330,12 +266,20 @@ class AgentProxy:
             return
         import uvicorn
 
+        raise_open_file_limit()  # the endpoint's connections must not starve the run's files
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            http=bounded_http_protocol(),
+            timeout_keep_alive=5,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="agent-proxy", daemon=True
@@ -353,6 +297,7 @@ class AgentProxy:
             self._server.should_exit = True
             self._thread.join(timeout=10)
         self._server, self._thread = None, None
+        self._work.shutdown(wait=False, cancel_futures=True)
 
     def open_session(
         self,
@@ -396,8 +341,8 @@ class AgentProxy:
             session = self.sessions.get(session_id)
         if session is None or session.closed:
             return _error(404, str(SessionClosed(session_id)))
-        auth = request.headers.get("authorization", "")
-        if not secrets.compare_digest(auth, f"Bearer {session.api_key}"):
+        auth = request.headers.get("authorization", "").encode("latin-1")  # any byte: no error
+        if not secrets.compare_digest(auth, f"Bearer {session.api_key}".encode()):
             return _error(401, "wrong or missing api key for this session")
         return session
 
@@ -445,9 +390,30 @@ class AgentProxy:
             sampling, max_new_tokens=left, min_new_tokens=min(sampling.min_new_tokens, left)
         )
 
+    def _check_chars(self, session: AgentSession, request: ChatRequest) -> None:
+        """Refuse, before any tokenising, a call whose text alone needs more tokens than the
+        episode's budget holds (no token covers more than ``token_chars`` characters; only
+        text every chat template renders whole counts: non-assistant contents, stripped)."""
+        budget = session.max_episode_tokens
+        if budget is None:
+            return
+        chars = sum(len(m["content"].strip()) for m in request.messages if m["role"] != "assistant")
+        least = min_tokens(chars, self.token_chars)
+        if least >= budget:
+            session.budget_refused = True
+            raise EpisodeBudgetSpent(
+                "messages",
+                f"the episode's token budget is spent: the messages hold {chars} characters, at "
+                f"least {least} tokens, and rollout.max_episode_tokens is {budget}",
+            )
+
     async def _complete(self, session: AgentSession, request: ChatRequest) -> dict[str, Any]:
         sampling = self._sampling(session, request)
-        prompt_ids, parent = self.builder.build(request, session.calls)
+        self._check_chars(session, request)
+        loop = asyncio.get_running_loop()
+        prompt_ids, parent = await loop.run_in_executor(
+            self._work, self.builder.build, request, list(session.calls)
+        )
         sampling = self._within_budget(session, sampling, len(prompt_ids))
         # every call of a session under its id: a remote engine keeps the session on one server
         future = session.submit(ModelRequest(prompt_ids, sampling, rid=session.session_id))
@@ -459,7 +425,7 @@ class AgentProxy:
             raise
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
-        content, tool_calls = text, []
+        content, tool_calls = text, list[dict[str, Any]]()
         if request.tools and request.tool_choice == "auto":
             content, tool_calls = parse_tool_calls(text)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
@@ -508,6 +474,12 @@ class AgentProxy:
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="areal_m2po agent endpoint", docs_url=None, redoc_url=None)
+        app.add_middleware(
+            ServerGuard,
+            max_body_bytes=MAX_BODY_BYTES,
+            server="agent endpoint",
+            limit_name="the agent endpoint's limit",
+        )
 
         @app.middleware("http")
         async def loopback_only(request: Request, call_next: Any) -> Any:
@@ -533,8 +505,10 @@ class AgentProxy:
                 return session
             try:
                 body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return _error(400, f"the request body is not JSON ({exc})")
+            except RecursionError:
+                return _error(400, "the request body is not JSON (nested too deeply)")
+            except ValueError as exc:  # not JSON, not UTF-8, a 5,000-digit number
+                return _error(400, f"the request body is not JSON ({' '.join(str(exc).split())})")
             try:
                 return await self._complete(session, parse_chat_request(body))
             except SessionClosed as exc:
@@ -547,6 +521,7 @@ class AgentProxy:
                 return _error(400, str(exc))
             except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops
                 logger.exception("agent endpoint: generation failed")
-                return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+                line = " ".join(str(exc).split())[:300]
+                return _error(500, f"generation failed: {type(exc).__name__}: {line}")
 
         return app

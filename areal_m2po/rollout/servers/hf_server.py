@@ -25,20 +25,23 @@ request that fails alone gets a 500.
 
 Only its trainer drives it (:class:`ServerLimits`): every endpoint but ``/health`` wants the
 API key, weights load only from below ``--weights-root``, and each ``/generate`` is checked
-before it is queued: a body that is not a JSON object, token ids outside the vocabulary,
-``max_new_tokens`` or a prompt that does not fit the context, and a body over
-``--max-body-bytes`` each get a 4xx naming the limit (:mod:`.guard`).
+before it is queued (:mod:`.generate_request`): a body that is not a JSON object, token ids
+outside the vocabulary, ``max_new_tokens`` or a prompt that does not fit the context, stop
+strings the tokenizer cannot match, temperatures generation cannot sample at, and a body over
+``--max-body-bytes`` each get a 4xx naming the limit (:mod:`~areal_m2po.rollout.common.guard`).
+A request that still fails inside generation with an error of the request's kind (it fails
+alone, the others of its batch are answered) is a 400 too: 5xx is for the server's own faults,
+and carries one line, never a traceback. A weight load is all or nothing: the resolved file
+below the root, every tensor checked against the served model, then the swap and the version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import queue
 import threading
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,137 +49,37 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.rollout.common.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
+from areal_m2po.rollout.common.weight_files import check_weights, parse_version, read_weights
 from areal_m2po.rollout.engines.hf_generator import HFGenerator, StopWhenSet
 from areal_m2po.rollout.engines.request_batcher import answer_each
 from areal_m2po.rollout.engines.request_limits import RequestLimits
-from areal_m2po.rollout.servers.guard import DEFAULT_MAX_BODY_BYTES, ServerGuard, below_root
-from areal_m2po.rollout.servers.weight_files import read_weights
+from areal_m2po.rollout.servers.generate_request import (
+    SamplingRequest,
+    check_stop_strings,
+    checked_text,
+    parse_generate_request,
+    parse_json_object,
+)
 
 logger = logging.getLogger("areal_m2po.rollout_server")
 
 __all__ = [
     "GenerationWorker",
+    "RequestFault",
     "SamplingRequest",
     "ServerLimits",
     "build_app",
     "parse_generate_request",
 ]
 
-_UNSUPPORTED_ZERO = ("frequency_penalty", "presence_penalty")
+
+class RequestFault(ValueError):
+    """Generation failed on a request that failed alone with an error of the request's kind
+    (ValueError, TypeError, IndexError, OverflowError): the server answers 400, not 500."""
 
 
-@dataclass
-class SamplingRequest:
-    """One parsed ``/generate`` request (one prompt, one sample)."""
-
-    input_ids: list[int]
-    gconfig: GenerationConfig
-    greedy: bool
-    stop_token_ids: list[int]
-    return_logprob: bool
-    rid: str
-    future: concurrent.futures.Future[dict[str, Any]] = field(
-        default_factory=concurrent.futures.Future
-    )
-
-    def batch_key(self) -> tuple[Any, ...]:
-        g = self.gconfig
-        return (
-            g.max_new_tokens,
-            g.min_new_tokens,
-            g.temperature,
-            g.top_p,
-            g.top_k,
-            tuple(g.stop or ()),
-            self.greedy,
-            tuple(self.stop_token_ids),
-        )
-
-
-def _int(sp: dict[str, Any], key: str, default: int) -> int:
-    value = sp.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"sampling_params.{key}: must be an integer, got {value!r}")
-    return value
-
-
-def _float(sp: dict[str, Any], key: str, default: float) -> float:
-    value = sp.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"sampling_params.{key}: must be a number, got {value!r}")
-    return float(value)
-
-
-def parse_generate_request(body: Any, limits: RequestLimits | None = None) -> SamplingRequest:
-    """Validate a ``/generate`` body against the server's ``limits`` (token ids inside the
-    vocabulary; prompt plus ``max_new_tokens`` inside the context); ValueError names the
-    offending field and the limit."""
-    if not isinstance(body, dict):
-        raise ValueError(f"the body must be a JSON object, got {type(body).__name__}")
-    ids = body.get("input_ids")
-    if body.get("text") is not None:
-        raise ValueError("text: this server takes token ids only (send input_ids)")
-    if not isinstance(ids, list) or not ids:
-        raise ValueError("input_ids: must be a non-empty list of token ids")
-    if any(isinstance(x, list) for x in ids):
-        raise ValueError("input_ids: batched requests are not supported; send one prompt")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
-        raise ValueError("input_ids: must hold integers")
-    if body.get("stream"):
-        raise ValueError("stream: streaming is not supported")
-    sp = body.get("sampling_params") or {}
-    if not isinstance(sp, dict):
-        raise ValueError("sampling_params: must be an object")
-    if _int(sp, "n", 1) != 1:
-        raise ValueError("sampling_params.n: must be 1 (send one request per sample)")
-    for key in _UNSUPPORTED_ZERO:
-        if _float(sp, key, 0.0) != 0.0:
-            raise ValueError(f"sampling_params.{key}: only 0 is supported")
-    temperature = _float(sp, "temperature", 1.0)
-    greedy = temperature == 0.0
-    top_k = _int(sp, "top_k", -1)
-    max_new_tokens = _int(sp, "max_new_tokens", 128)
-    if (
-        limits is not None
-        and limits.context_len is not None
-        and max_new_tokens > limits.context_len
-    ):
-        raise ValueError(
-            f"sampling_params.max_new_tokens: {max_new_tokens} exceeds the context of "
-            f"{limits.context_len} tokens ({limits.context_name})"
-        )
-    stop = sp.get("stop")
-    try:
-        gconfig = GenerationConfig(
-            n_samples=1,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=_int(sp, "min_new_tokens", 0),
-            temperature=1.0 if greedy else temperature,
-            top_p=_float(sp, "top_p", 1.0),
-            top_k=0 if top_k < 0 else top_k,
-            stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
-        )
-    except ValueError as exc:
-        raise ValueError(f"sampling_params.{exc}") from None
-    if limits is not None:
-        reason = limits.refusal(ids, max_new_tokens)
-        if reason is not None:
-            raise ValueError(reason)
-    return_logprob = bool(body.get("return_logprob", False))
-    if greedy and return_logprob:
-        raise ValueError("return_logprob: not supported with temperature 0 (greedy)")
-    stop_ids = sp.get("stop_token_ids") or []
-    if not (isinstance(stop_ids, list) and all(isinstance(t, int) for t in stop_ids)):
-        raise ValueError("sampling_params.stop_token_ids: must be a list of token ids")
-    return SamplingRequest(
-        input_ids=list(ids),
-        gconfig=gconfig,
-        greedy=greedy,
-        stop_token_ids=list(stop_ids),
-        return_logprob=return_logprob,
-        rid=str(body.get("rid") or uuid.uuid4().hex),
-    )
+_REQUEST_KINDS = (ValueError, TypeError, IndexError, OverflowError, KeyError)
 
 
 class GenerationWorker:
@@ -221,16 +124,23 @@ class GenerationWorker:
         self._interrupt.clear()
         self._running.set()
 
-    def update_from_disk(self, path: str, version: int | None, abort_all: bool) -> int:
-        """Load a weights directory written by ``weight_files.write_weights``; returns how many
-        requests were cut short. The version is the request's, else the file's stamp."""
-        state, stamp = read_weights(path)
+    def update_from_disk(
+        self, path: str, version: int | None, abort_all: bool, root: str | None = None
+    ) -> int:
+        """Load a weights directory written by ``weight_files.write_weights``, all or nothing;
+        returns how many requests were cut short. The version is the request's, else the
+        file's stamp. Every check (the file below ``root``, readable, the tensors' names,
+        shapes, kinds and finiteness, the version) passes before the model changes, so a
+        refused load leaves the old weights and version."""
+        state, stamp = read_weights(path, root)
         if version is None:
             version = stamp
         if version is None:
             raise ValueError(f"weight_version: not given and {path} carries no stamp")
         if stamp is not None and stamp != version:
             raise ValueError(f"weight_version {version} != the version {stamp} stamped in {path}")
+        model = self.engine.model
+        check_weights(state, dict(model.state_dict()), path, _tied_names(model))
         if abort_all:
             self._interrupt.set()
         with self._model_lock:
@@ -283,6 +193,8 @@ class GenerationWorker:
         for job, answer in zip(jobs, answers):
             if isinstance(answer, Exception):
                 logger.error("request %s failed: %s: %s", job.rid, type(answer).__name__, answer)
+                if isinstance(answer, _REQUEST_KINDS):
+                    answer = RequestFault(" ".join(str(answer).split())[:300])
                 job.future.set_exception(answer)
             else:
                 job.future.set_result(answer)
@@ -339,6 +251,10 @@ class GenerationWorker:
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
 
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
 def _error(message: str, status: int = 400) -> Any:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -367,44 +283,52 @@ class _BadBody(ValueError):
 
 
 async def _json_object(request: Request, empty_ok: bool = False) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw and empty_ok:
-        return {}
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _BadBody(f"the request body is not JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise _BadBody(f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
+        return parse_json_object(await request.body(), empty_ok)
+    except ValueError as exc:
+        raise _BadBody(str(exc)) from None
+
+
+def _tied_names(model: Any) -> frozenset[str]:
+    """The output-embedding names of a model whose head is tied to its input embedding (a
+    weights file may leave them out)."""
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if not tied or model.get_output_embeddings() is None:
+        return frozenset()
+    return frozenset(n for n in model.state_dict() if n.startswith("lm_head."))
 
 
 async def _update_weights(worker: GenerationWorker, body: dict[str, Any], root: str | None) -> Any:
-    """``/update_weights_from_disk``: 403 for a path outside ``root``, 400 for a load that
-    fails (SGLang's reply shape either way)."""
-    path = body.get("model_path")
-    raw = body.get("weight_version")
+    """``/update_weights_from_disk``: 403 for a path (or a file in it) outside ``root``, 400
+    for a load that fails or a malformed field (SGLang's reply shape either way)."""
     status = 400
     try:
-        if not path or not isinstance(path, str):
+        path = checked_text(body.get("model_path"), "model_path", 4096)
+        if not path:
             raise ValueError("model_path: required")
         if root is not None and not below_root(path, root):
             status = 403
             raise ValueError(f"model_path: {path} is not below the server's --weights-root")
-        version = int(raw) if raw is not None else None
+        raw = body.get("weight_version")
+        version = parse_version(raw) if raw is not None else None
         cut = await asyncio.to_thread(
-            worker.update_from_disk, path, version, bool(body.get("abort_all_requests"))
+            worker.update_from_disk, path, version, bool(body.get("abort_all_requests")), root
         )
+    except PermissionError as exc:
+        return _load_refused(f"model_path: {exc}", 403)
     except (ValueError, OSError, RuntimeError) as exc:
-        msg = " ".join(str(exc).split())
-        return JSONResponse(
-            {"success": False, "message": msg, "num_paused_requests": 0}, status_code=status
-        )
+        return _load_refused(" ".join(str(exc).split()), status)
     return {
         "success": True,
         "message": f"loaded weight version {worker.version}",
         "num_paused_requests": cut,
     }
+
+
+def _load_refused(message: str, status: int) -> Any:
+    return JSONResponse(
+        {"success": False, "message": message[:500], "num_paused_requests": 0}, status_code=status
+    )
 
 
 def build_app(
@@ -423,6 +347,11 @@ def build_app(
     async def bad_body(request: Request, exc: _BadBody) -> Any:
         return _error(str(exc))
 
+    @app.exception_handler(Exception)
+    async def server_fault(request: Request, exc: Exception) -> Any:
+        logger.error("%s failed: %s", request.url.path, type(exc).__name__)
+        return _error(f"{request.url.path} failed: {type(exc).__name__}", 500)
+
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -440,12 +369,15 @@ def build_app(
     async def generate(request: Request) -> Any:
         try:
             job = parse_generate_request(await _json_object(request), limits.requests)
+            await asyncio.to_thread(check_stop_strings, worker.engine.tokenizer, job.gconfig.stop)
         except ValueError as exc:
             return _error(str(exc))
         try:
             return await asyncio.wrap_future(worker.submit(job))
-        except Exception as exc:
-            return _error(f"generation failed: {exc}", 500)
+        except RequestFault as exc:
+            return _error(f"generation refused the request: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the server's fault: one line, no traceback
+            return _error(f"generation failed: {type(exc).__name__}: {_line(exc)}", 500)
 
     @app.post("/update_weights_from_disk")
     async def update_weights(request: Request) -> Any:

@@ -21,15 +21,20 @@ import logging
 import os
 import sys
 
-from areal_m2po.rollout.servers.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
+from areal_m2po.rollout.common.connections import bounded_http_protocol
+from areal_m2po.rollout.common.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.extras import require_extra
+from areal_m2po.utils.fd_limit import raise_open_file_limit
 
 __all__ = ["main", "parse_args"]
 
 _DTYPES = {"auto": "float32", "float": "float32", "float32": "float32", "half": "float16"}
 _DTYPES.update({"float16": "float16", "bfloat16": "bfloat16"})
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_TRACE = 5
+"""uvicorn's ``trace`` level, below ``debug`` (the logging module has no name for it)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", type=str.lower, choices=_LOG_LEVELS)
     return p.parse_args(argv)
 
 
@@ -89,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --parent-pid {args.parent_pid} is not our parent", file=sys.stderr)
             return 2
         watch_parent(args.parent_pid, lambda: os._exit(0))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
+    level = _TRACE if args.log_level == "trace" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
+    raise_open_file_limit()
 
     import torch
     import uvicorn
@@ -137,7 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     worker = GenerationWorker(engine, args.max_running_requests, args.random_seed)
     app = build_app(worker, args.model_path, tok_path, limits)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            http=bounded_http_protocol(),
+            timeout_keep_alive=5,
+        )
     finally:
         worker.close()
     return 0

@@ -22,8 +22,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+from areal_m2po.rollout.common.guard import API_KEY_ENV
+from areal_m2po.rollout.common.server_args import refused_server_arg
 from areal_m2po.rollout.engines.vllm.setup import VLLMModelOptions, vllm_env
-from areal_m2po.rollout.servers.guard import API_KEY_ENV
 from areal_m2po.rollout.servers.processes import ServerProcesses
 
 __all__ = [
@@ -148,7 +149,15 @@ def vllm_server_command(o: VLLMServerOptions, port: int, index: int, on_gpu: boo
 def start_vllm_servers(
     n: int, options: VLLMServerOptions, log_dir: str, on_gpu: bool, api_key: str | None = None
 ) -> ServerProcesses:
-    """``n`` vLLM servers taking ``api_key``; logs ``log_dir/vllm_server_<i>.log``."""
+    """``n`` vLLM servers taking ``api_key``; logs ``log_dir/vllm_server_<i>.log``.
+
+    Raises:
+        ValueError: an argument of ``options.extra_args`` spells a guarded flag
+            (:func:`~areal_m2po.rollout.common.server_args.refused_server_arg`).
+    """
+    refused = refused_server_arg(options.extra_args)
+    if refused is not None:
+        raise ValueError(f"rollout.vllm.server_args: {refused}")
     env = _with_key(vllm_env(options.num_threads, options.kv_cache_gib, in_process=False), api_key)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     # CPU: vLLM's sampler torch.compiles a helper (token ranks of the log-probs); that

@@ -13,7 +13,9 @@ distribution fails, so the server starts as a module) with:
   passes it, or vLLM's ``VLLM_API_KEY``) the key on every endpoint but ``/health``. The key is also vLLM's own
   ``--api-key`` (``VLLM_API_KEY`` in its environment, so not on a command line), which alone
   would leave the dev-mode weight, pause and ``/collective_rpc`` endpoints open. An
-  ``--api-key`` among vLLM's arguments is refused: the key goes before ``--``;
+  ``--api-key`` among vLLM's arguments is refused, in any spelling vLLM's parser would take
+  for it (``--api_key``, ``--api-k``), as are abbreviations of ``--host`` and any
+  ``--config`` (:mod:`areal_m2po.rollout.common.server_args`): the key goes before ``--``;
 * with ``--weights-root``, the weight-reload extension loads only from below that folder.
 """
 
@@ -24,17 +26,18 @@ import os
 import signal
 import sys
 
-from areal_m2po.rollout.servers.guard import (
+from areal_m2po.rollout.common.guard import (
     API_KEY_ENV,
     DEFAULT_MAX_BODY_BYTES,
     MAX_BODY_ENV,
     WEIGHTS_ROOT_ENV,
 )
+from areal_m2po.rollout.common.server_args import refused_server_arg
 from areal_m2po.rollout.servers.watchdog import watch_parent
 
 __all__ = ["GUARD", "main"]
 
-GUARD = "areal_m2po.rollout.servers.guard.VLLMServerGuard"
+GUARD = "areal_m2po.rollout.common.guard.VLLMServerGuard"
 """The ``--middleware`` path of the gate."""
 
 VLLM_KEY_ENV = "VLLM_API_KEY"
@@ -56,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weights-root", default=None)
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     args = parser.parse_args(ours)
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in theirs):
-        parser.error("give --api-key before '--' (it keys every endpoint, not vLLM's alone)")
+    refused = refused_server_arg(theirs)
+    if refused is not None:
+        parser.error(f"{refused}; give --api-key before '--'")
     watch_parent(args.parent_pid, _kill_group, args.watch_interval)
     key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_KEY_ENV)
     os.environ[MAX_BODY_ENV] = str(args.max_body_bytes)  # read by the gate in this process

@@ -13,11 +13,12 @@ trainer's thread alike; the pool's state is touched on that loop only, so nothin
   ``abort``) is continued from the tokens it has, once generation is allowed again, so its
   per-token versions say which weights made which token.
 * **Weights** go through disk: one safetensors directory per version
-  (:mod:`areal_m2po.rollout.servers.weight_files`), which every server loads between a pause
+  (:mod:`areal_m2po.rollout.common.weight_files`), which every server loads between a pause
   and a resume; older versions are deleted.
 * **Faults** (:mod:`.errors`): a server that fails (:class:`~.errors.ServerError`: no
-  connection, a timeout, a 5xx, a malformed reply, its process gone) or does not answer the
-  ``/health`` probes made every ``health_check_interval`` seconds is dead. With
+  connection, a timeout, a 5xx, a malformed reply, its process gone) or does not answer
+  :data:`PROBES_TO_DROP` consecutive ``/health`` probes (one every ``health_check_interval``
+  seconds) is dead. With
   ``tolerate_server_failures`` its unfinished requests continue on the others; otherwise, or
   when none is left, every call raises the first failure. A 4xx answer
   (:class:`~.errors.RequestError`) marks nothing dead and is raised to the caller; a request
@@ -48,15 +49,15 @@ from typing import Any, Protocol
 import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse
-from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
-from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
-from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
-from areal_m2po.rollout.engines.request_limits import RequestLimits
-from areal_m2po.rollout.servers.weight_files import (
+from areal_m2po.rollout.common.weight_files import (
     check_weights_version,
     prune_weights,
     write_weights,
 )
+from areal_m2po.rollout.engines.remote.errors import RequestError, RolloutServerError, ServerError
+from areal_m2po.rollout.engines.remote.http_client import HttpCall, ServerClient
+from areal_m2po.rollout.engines.remote.protocol import DONE, RemoteBackend
+from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.utils import dist
 from areal_m2po.utils.aio import cancel_pending, gather_or_cancel
 
@@ -66,6 +67,9 @@ logger = logging.getLogger("areal_m2po.remote_engine")
 
 _ROUTES_KEPT = 4096
 """Request ids whose server is remembered (least recently used forgotten first)."""
+PROBES_TO_DROP = 3
+"""Consecutive failed ``/health`` probes after which a server is dead (one slow answer under
+load is not a dead server); a server whose process exited is dead at its first."""
 
 
 @dataclass(frozen=True)
@@ -285,16 +289,22 @@ class RemoteInferenceEngine(InferenceEngine):
 
     async def _monitor(self) -> None:
         timeout = self.options.health_check_timeout
+        misses = dict.fromkeys(self._addrs, 0)
         while True:
             await asyncio.sleep(self.options.health_check_interval)
             for addr in list(self._alive):
                 if await self._client.healthy(addr):
+                    misses[addr] = 0
                     continue
+                misses[addr] = misses.get(addr, 0) + 1
                 reason = self._exit_reason(addr)
+                if reason is None and misses[addr] < PROBES_TO_DROP:
+                    continue
+                why = reason or (
+                    f"did not answer /health within {timeout:g}s, {misses[addr]} probes in a row"
+                )
                 try:
-                    self._server_failed(
-                        ServerError(addr, reason or f"did not answer /health within {timeout:g}s")
-                    )
+                    self._server_failed(ServerError(addr, why))
                 except RolloutServerError:
                     return
 

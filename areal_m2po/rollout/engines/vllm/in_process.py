@@ -39,6 +39,7 @@ import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, RequestError
 from areal_m2po.api.engine_api import SamplingParams as RequestSampling
+from areal_m2po.rollout.common.weight_files import read_weights_of
 from areal_m2po.rollout.engines.request_batcher import Job, RequestBatcher, answer_each
 from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.engines.vllm.setup import (
@@ -55,7 +56,6 @@ from areal_m2po.rollout.engines.vllm.weights import (
     checkpoint_names,
     with_tied_head,
 )
-from areal_m2po.rollout.servers.weight_files import read_weights_of
 
 __all__ = ["VLLMEngineOptions", "VLLMInProcessEngine", "to_vllm_sampling"]
 

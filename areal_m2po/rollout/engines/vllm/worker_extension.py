@@ -7,11 +7,14 @@ every vLLM worker; the trainer calls them through the dev-mode ``/collective_rpc
 (``VLLM_SERVER_DEV_MODE=1``), as AReaL's vLLM server adds its ``/areal_update_weights``.
 
 A server started with ``--weights-root`` (``AREAL_M2PO_WEIGHTS_ROOT`` in the worker's
-environment) loads only from below that folder, symlinks resolved.
+environment) loads only from below that folder: the folder and every file read from it are
+resolved (symlinks followed) first, so a real folder whose file links outside is refused too.
+Every tensor is read and checked (the served model's names, finite values) before the model
+is touched; shapes are checked by vLLM's own loaders as it copies.
 
 This module is imported inside the vLLM worker process: it imports only the standard library,
 torch, safetensors, :mod:`areal_m2po.rollout.engines.vllm.weights` and
-:mod:`areal_m2po.rollout.servers.guard`.
+:mod:`areal_m2po.rollout.common.guard`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from areal_m2po.rollout.common.guard import WEIGHTS_ROOT_ENV, below_root
 from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
-from areal_m2po.rollout.servers.guard import WEIGHTS_ROOT_ENV, below_root
 
 __all__ = ["WeightReloadExtension"]
+
+
+def _weight_files(path: str, root: str | None) -> list[str]:
+    """The resolved ``*.safetensors`` files of the folder ``path``; PermissionError for one
+    that resolves outside ``root``."""
+    names = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not names:
+        raise FileNotFoundError(f"no *.safetensors under {path}")
+    files = [os.path.realpath(os.path.join(path, name)) for name in names]
+    for name, real in zip(names, files):
+        if root and not below_root(real, root):
+            raise PermissionError(f"{path}/{name} resolves outside the server's --weights-root")
+    return files
 
 
 class WeightReloadExtension:
@@ -34,18 +50,18 @@ class WeightReloadExtension:
         returns ``{"n_tensors": ...}``. Raises when the files lack a tensor of the served
         model's checkpoint (vLLM itself only logs that), and PermissionError when ``path``
         is not below the server's ``--weights-root``."""
+        import torch
         from safetensors.torch import load_file
 
         root = os.environ.get(WEIGHTS_ROOT_ENV)
         if root and not below_root(path, root):
             raise PermissionError(f"{path} is not below the server's --weights-root {root}")
-
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors under {path}")
         state: dict[str, Any] = {}
-        for file in files:
-            state.update(load_file(os.path.join(path, file)))
+        for file in _weight_files(path, root):
+            state.update(load_file(file))
+        for name, value in state.items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{path}: tensor {name!r} holds NaN or infinite values")
         model_config: Any = getattr(self, "model_config", None)
         hf_config = getattr(model_config, "hf_config", None)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
