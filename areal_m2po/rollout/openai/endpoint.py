@@ -46,9 +46,9 @@ from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
     ChatRequestError,
     normalise_assistant,
-    parse_chat_request,
-    parse_tool_calls,
 )
+from areal_m2po.rollout.openai.routes import serve_chat, serve_responses
+from areal_m2po.rollout.openai.tool_parsers import reasoning_parser, tool_call_parser
 from areal_m2po.rollout.token_text import encode_text
 
 __all__ = [
@@ -118,6 +118,10 @@ class AgentSession:
     budget_refused: bool = False
     """A call was refused because the prompt left no room in the episode's budget."""
     closed: bool = False
+    interactions: dict[str, list[int]] = field(default_factory=dict)
+    """Completion / response id -> indices in :attr:`calls` of its choices."""
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Response id -> its conversation and output, for ``previous_response_id``."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _running: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)
 
@@ -306,6 +310,8 @@ class AgentProxy:
         host: str = "127.0.0.1",
         port: int = 0,
         allow_non_loopback: bool = False,
+        tool_parser: str = "qwen",
+        reasoning: str = "none",
     ) -> None:
         if not allow_non_loopback and not is_loopback(host):
             raise ValueError(
@@ -315,6 +321,8 @@ class AgentProxy:
             )
         self.tokenizer = tokenizer
         self.builder = _PromptBuilder(tokenizer, set(eos_ids))
+        self.parse_tools = tool_call_parser(tool_parser)  # rollout.agent.tool_call_parser
+        self.parse_reasoning = reasoning_parser(reasoning)  # rollout.agent.reasoning_parser
         self.host, self.port = host, port
         self.allow_non_loopback = allow_non_loopback
         self.sessions: dict[str, AgentSession] = {}
@@ -445,7 +453,9 @@ class AgentProxy:
             sampling, max_new_tokens=left, min_new_tokens=min(sampling.min_new_tokens, left)
         )
 
-    async def _complete(self, session: AgentSession, request: ChatRequest) -> dict[str, Any]:
+    async def _complete(
+        self, session: AgentSession, request: ChatRequest, completion_id: str | None = None
+    ) -> dict[str, Any]:
         sampling = self._sampling(session, request)
         prompt_ids, parent = self.builder.build(request, session.calls)
         sampling = self._within_budget(session, sampling, len(prompt_ids))
@@ -459,18 +469,23 @@ class AgentProxy:
             raise
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
+        thought, text = self.parse_reasoning(text)
         content, tool_calls = text, []
         if request.tools and request.tool_choice == "auto":
-            content, tool_calls = parse_tool_calls(text)
+            content, tool_calls = self.parse_tools(text)
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             reply["tool_calls"] = tool_calls
+        if thought is not None:
+            reply["reasoning_content"] = thought
+        completion_id = completion_id or f"chatcmpl-{secrets.token_hex(12)}"
         session.record(
             CallRecord(
                 request.messages, request.tools, reply, prompt_ids, ids,
                 list(out.output_logprobs), list(out.output_versions), out.finish_reason, parent,
             )
         )  # fmt: skip
+        session.interactions.setdefault(completion_id, []).append(len(session.calls) - 1)
         finish = (
             "tool_calls" if tool_calls else ("stop" if out.finish_reason == "stop" else "length")
         )
@@ -485,7 +500,7 @@ class AgentProxy:
                 "content": [self._token_logprob(t, lp) for t, lp in zip(ids, out.output_logprobs)]
             }
         return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "id": completion_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": request.model,
@@ -536,7 +551,30 @@ class AgentProxy:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 return _error(400, f"the request body is not JSON ({exc})")
             try:
-                return await self._complete(session, parse_chat_request(body))
+                return await serve_chat(self, session, body)
+            except SessionClosed as exc:
+                return _error(404, str(exc))
+            except ChatRequestError as exc:
+                return _error(400, str(exc), exc.param, getattr(exc, "code", None))
+            except RequestError as exc:  # the engine refused this call alone (its context...)
+                return _error(400, str(exc), "messages")
+            except ValueError as exc:  # e.g. the engine refusing the sampling parameters
+                return _error(400, str(exc))
+            except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops
+                logger.exception("agent endpoint: generation failed")
+                return _error(500, f"generation failed: {type(exc).__name__}: {exc}")
+
+        @app.post("/sessions/{session_id}/v1/responses")
+        async def responses(request: Request, session_id: str) -> Any:
+            session = self._session(request, session_id)
+            if isinstance(session, JSONResponse):
+                return session
+            try:
+                body = json.loads(await request.body())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return _error(400, f"the request body is not JSON ({exc})")
+            try:
+                return await serve_responses(self, session, body)
             except SessionClosed as exc:
                 return _error(404, str(exc))
             except ChatRequestError as exc:
