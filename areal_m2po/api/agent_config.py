@@ -85,8 +85,8 @@ class AgentConfig:
     )
 
     def __post_init__(self) -> None:
-        from areal_m2po.api.cli_args import ConfigError  # cli_args imports this module
-
+        """Raise ValueError("key: why") for a value out of range (the loader prefixes it
+        with ``rollout.agent``)."""
         for key, value, choices in (
             ("mode", self.mode, AGENT_MODES),
             ("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS),
@@ -95,21 +95,19 @@ class AgentConfig:
             ("export_style", self.export_style, EXPORT_STYLES),
         ):
             if value not in choices:
-                raise ConfigError(key, f"must be one of {list(choices)}, got {value!r}")
+                raise ValueError(f"{key}: must be one of {list(choices)}, got {value!r}")
         if self.mode == "online":
-            raise ConfigError(
-                "mode", "online (external users through a gateway) is not supported; use inline"
+            raise ValueError(
+                "mode: online (external users through a gateway) is not supported; use inline"
             )
         if self.mode == "subproc":
-            raise ConfigError(
-                "mode",
-                "subproc is not supported; use inline (the agent reaches the endpoint "
-                "over HTTP either way)",
+            raise ValueError(
+                "mode: subproc is not supported; use inline (the agent reaches the endpoint "
+                "over HTTP either way)"
             )
         if self.export_style == "individual":
-            raise ConfigError(
-                "export_style",
-                "individual (one row per interaction) is not supported: a record's group is "
+            raise ValueError(
+                "export_style: individual (one row per interaction) is not supported: a record's group is "
                 "gconfig.n_samples rows, one per episode; use concat",
             )
         discount = self.turn_discount
@@ -118,4 +116,4 @@ class AgentConfig:
             or not isinstance(discount, (int, float))
             or not (math.isfinite(discount) and 0.0 <= discount <= 1.0)
         ):
-            raise ConfigError("turn_discount", f"must be a number in [0, 1], got {discount!r}")
+            raise ValueError(f"turn_discount: must be a number in [0, 1], got {discount!r}")

@@ -218,12 +218,12 @@ def test_a_stream_the_client_drops_is_contained(caplog: pytest.LogCaptureFixture
     async def test(client: openai.AsyncOpenAI, session: Any) -> None:
         body = {"model": "p", "input": "hi", "stream": True}
         headers = {"Authorization": f"Bearer {session.api_key}"}
-        async with httpx.AsyncClient() as http:
-            async with http.stream(
-                "POST", f"{session.base_url}/responses", json=body, headers=headers
-            ) as raw:
-                async for _ in raw.aiter_bytes(16):
-                    break  # drop the connection after the first bytes
+        async with (
+            httpx.AsyncClient() as http,
+            http.stream("POST", f"{session.base_url}/responses", json=body, headers=headers) as raw,
+        ):
+            async for _ in raw.aiter_bytes(16):
+                break  # drop the connection after the first bytes
         await asyncio.sleep(0.2)
         assert len(session.calls) == 1  # recorded whole, before the first byte
         assert (await client.responses.create(model="p", input="again")).output_text == "after"
