@@ -46,9 +46,11 @@ RESPONSE_FIELDS = (
     "user",
     "top_logprobs",
 )
-"""Fields read; ``store`` and ``user`` are informational, ``include``, ``truncation``,
-``text``, ``reasoning`` and ``top_logprobs`` accepted at their neutral values only; any other
-field is refused with HTTP 400."""
+"""Fields read; ``store`` and ``user`` are informational, ``include``, ``truncation`` and
+``top_logprobs`` accepted at their neutral values only, ``text`` with the text format only;
+``reasoning`` (``effort``, ``summary``) and ``text.verbosity`` are OpenAI models' knobs the
+Agents SDK sends by default: informational (the policy samples as the trainer says, and the
+reasoning parser decides what is reasoning). Any other field is refused with HTTP 400."""
 _PASSED = ("model", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "user")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -136,7 +138,6 @@ def _check_neutral(body: dict[str, Any]) -> None:
     neutral = {
         "include": (None, []),
         "truncation": (None, "disabled"),
-        "reasoning": (None, {}),
         "top_logprobs": (None, 0),
         "store": (None, True, False),
     }
@@ -144,8 +145,17 @@ def _check_neutral(body: dict[str, Any]) -> None:
         if key in body and body[key] not in allowed:
             raise ChatRequestError(key, f"only {[a for a in allowed if a is not None]} accepted")
     text = body.get("text")
-    if text not in (None, {}) and text != {"format": {"type": "text"}}:
+    if text is not None and not (
+        isinstance(text, dict)
+        and set(text) <= {"format", "verbosity"}
+        and text.get("format", {"type": "text"}) == {"type": "text"}
+    ):
         raise ChatRequestError("text", 'only {"format": {"type": "text"}} is supported')
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not (
+        isinstance(reasoning, dict) and set(reasoning) <= {"effort", "summary", "generate_summary"}
+    ):
+        raise ChatRequestError("reasoning", "only effort and summary (informational)")
 
 
 def to_chat_body(
