@@ -230,3 +230,22 @@ def test_a_stream_the_client_drops_is_contained(caplog: pytest.LogCaptureFixture
 
     with caplog.at_level(logging.WARNING, logger="areal_m2po.agent_proxy"):
         _serve(tokenizer, engine, test, max_new=200)
+
+
+def test_a_response_cut_at_its_token_limit_says_so_and_stays_completed() -> None:
+    tokenizer = tiny_model_and_tokenizer()[1]
+    engine = Scripted(tokenizer, ["a long answer", "another long answer"])
+
+    async def test(client: openai.AsyncOpenAI, session: Any) -> None:
+        cut = await client.responses.create(model="p", input="hi", max_output_tokens=3)
+        assert cut.output_text == "a l" and cut.incomplete_details.reason == "max_output_tokens"
+        assert cut.status == "completed"  # the Agents SDK raises on "incomplete"
+        assert session.calls[0].finish_reason == "length"  # trained as cut (no EOS)
+        stream = await client.responses.create(
+            model="p", input="hi", max_output_tokens=3, stream=True
+        )
+        events = [e async for e in stream]
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+    _serve(tokenizer, engine, test)

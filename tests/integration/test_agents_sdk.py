@@ -7,6 +7,12 @@ one that never returns) reach the episode as AReaL defines them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +175,61 @@ def test_an_areal_agent_that_never_returns_is_cancelled_at_the_episode_timeout()
     finally:
         workflow.close()
     assert timed_out == [1] and workflow.proxy.sessions == {}  # its session closed
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _train(run_dir: Path, *extra: str) -> list[dict[str, Any]]:
+    """A 2-step training run in a subprocess (the agents import from tests/support)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "support")]))
+    env["OMP_NUM_THREADS"] = "1"
+    args = [
+        "--config", str(REPO / "configs" / "tiny.yaml"), f"output_dir={run_dir}",
+        "total_train_steps=2", "saver.save_at_end=false", "evaluator.eval_at_end=false",
+        "reward.path=toy_rewards:digit_fraction", "num_threads=1", "rollout.workflow=agent",
+        "rollout.agent.turn_discount=0.9", "rollout.agent.export_style=concat",
+        "rollout.agent.tool_call_parser=qwen25", *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_m2po.train", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(run_dir / "metrics.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.mark.slow
+def test_an_sdk_agent_trains_on_the_tiny_model(tmp_path: Path) -> None:
+    rows = _train(
+        tmp_path / "run",
+        "rollout.workflow_kwargs={agent: 'sdk_agents:SdkToolAgent'}",
+        "gconfig.max_new_tokens=6",
+        "rollout.max_episode_tokens=500",  # the agent's instructions come on top of the prompt
+    )
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # 4 prompts x 4 episodes, each a Runner.run of the SDK agent
+        assert r["agent/episodes"] == 16 and r["agent/calls"] >= 16
+        assert r["agent/dropped_episodes"] == 0 and r["rollout/n_dropped_groups"] == 0
+        assert math.isfinite(r["actor/loss"])
+
+
+@pytest.mark.slow
+def test_areal_handoff_math_agent_trains_on_the_builtin_model(tmp_path: Path) -> None:
+    # its instructions are 1346 characters: past the tiny model's 512 positions, so the
+    # built-in SmolLM2-135M-Instruct (BPE, 2048 positions) runs it, at the smallest size
+    rows = _train(
+        tmp_path / "run",
+        "rollout.workflow_kwargs={agent: 'sdk_agents:ArealMathAgent'}",
+        "actor.path=builtin:smollm2-135m-instruct",
+        "ref.path=builtin:smollm2-135m-instruct",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=4",
+        "train_dataset.batch_size=2",
+        "rollout.max_episode_tokens=1024",
+    )
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["agent/episodes"] == 4 and r["agent/calls"] >= 4
+        assert r["agent/dropped_episodes"] == 0 and math.isfinite(r["actor/loss"])

@@ -238,7 +238,9 @@ def to_response(completion: dict[str, Any], body: dict[str, Any], response_id: s
         "id": response_id,
         "object": "response",
         "created_at": float(completion.get("created", time.time())),
-        "status": "incomplete" if cut else "completed",
+        # cut at its token limit: still "completed" (the Agents SDK raises on "incomplete",
+        # which would end the episode); incomplete_details says it was cut
+        "status": "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "error": None,
         "model": completion["model"],

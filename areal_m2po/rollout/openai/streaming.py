@@ -127,8 +127,8 @@ def _item_events(item: dict[str, Any], index: int) -> list[tuple[str, dict[str, 
 
 
 def response_events(response: dict[str, Any]) -> list[str]:
-    """A finished ``response`` object as the ``response.*`` events, ending with
-    ``response.completed`` (or ``response.incomplete`` when it was cut at its token limit)."""
+    """A finished ``response`` object as the ``response.*`` events, from ``response.created``
+    to ``response.completed``."""
     started = {**response, "status": "in_progress", "output": [], "usage": None}
     typed: list[tuple[str, dict[str, Any]]] = [
         ("response.created", {"response": started}),
@@ -136,8 +136,7 @@ def response_events(response: dict[str, Any]) -> list[str]:
     ]
     for index, item in enumerate(response["output"]):
         typed.extend(_item_events(item, index))
-    final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-    typed.append((final, {"response": response}))
+    typed.append(("response.completed", {"response": response}))
     return [
         _sse({"type": kind, "sequence_number": seq, **payload}, kind)
         for seq, (kind, payload) in enumerate(typed)
