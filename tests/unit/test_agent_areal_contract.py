@@ -131,3 +131,23 @@ def test_rollout_agent_keys_load_with_their_meaning() -> None:
         with pytest.raises(ValueError) as caught:
             load_config([override])
         assert str(caught.value).startswith(named) and "\n" not in str(caught.value)
+
+
+def test_an_areal_config_s_agent_section_is_read_with_its_meaning(tmp_path: Path) -> None:
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((repo / "tests/data/areal/gsm8k_grpo_cpu.yaml").read_text())
+    # the section of AReaL's examples/agent_workflow/config.yaml at cbff54d6
+    data["rollout"]["agent"] = {
+        "mode": "inline",
+        "tool_call_parser": "qwen25",
+        "reasoning_parser": "qwen3",
+        "export_style": "individual",
+        "turn_discount": 1.0,
+    }
+    path = tmp_path / "areal.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError) as caught:  # the one unsupported feature, named
+        load_config(["--config", str(path)], warn=lambda line: None)
+    assert str(caught.value).startswith("rollout.agent: export_style: individual")
