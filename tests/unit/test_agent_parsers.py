@@ -87,3 +87,21 @@ def test_parsers_never_raise(text: str) -> None:
         reasoning, rest = reasoning_parser(name)(text)
         assert reasoning is None or isinstance(reasoning, str)
         assert isinstance(rest, str)
+
+
+def test_a_dropped_stream_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from areal_m2po.rollout.openai.streaming import sse_body
+
+    async def drop_after_one() -> None:
+        body = sse_body(["data: 1\n\n", "data: 2\n\n", "data: [DONE]\n\n"], "chat completion")
+        assert await body.__anext__() == b"data: 1\n\n"
+        await body.aclose()  # what the server does when the client disconnects
+
+    with caplog.at_level("WARNING", logger="areal_m2po.agent_proxy"):
+        asyncio.run(drop_after_one())
+    assert [r.getMessage() for r in caplog.records] == [
+        "agent endpoint: the client dropped the chat completion stream after 1 of 3 events; "
+        "the call stays recorded"
+    ]

@@ -470,9 +470,8 @@ class AgentProxy:
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
         thought, text = self.parse_reasoning(text)
-        content, tool_calls = text, []
-        if request.tools and request.tool_choice == "auto":
-            content, tool_calls = self.parse_tools(text)
+        parse = bool(request.tools) and request.tool_choice == "auto"
+        content, tool_calls = self.parse_tools(text) if parse else (text, [])
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             reply["tool_calls"] = tool_calls

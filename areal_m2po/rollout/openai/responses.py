@@ -204,7 +204,11 @@ def _output(message: dict[str, Any]) -> list[dict[str, Any]]:
         )
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
-        part = {"type": "output_text", "text": message.get("content") or "", "annotations": []}
+        part: dict[str, Any] = {
+            "type": "output_text",
+            "text": message.get("content") or "",
+            "annotations": [],
+        }
         items.append(
             {
                 "type": "message",

@@ -149,8 +149,8 @@ async def sse_body(events: list[str], what: str) -> AsyncIterator[bytes]:
     sent = 0
     try:
         for event in events:
+            sent += 1  # handed to the server
             yield event.encode()
-            sent += 1
     except (asyncio.CancelledError, GeneratorExit):
         logger.warning(
             "agent endpoint: the client dropped the %s stream after %d of %d events; the call "

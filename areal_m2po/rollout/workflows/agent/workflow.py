@@ -6,6 +6,10 @@ Built in as ``rollout.workflow=agent``, with ``rollout.workflow_kwargs``:
   ``async def agent(base_url: str, api_key: str, record: dict) -> float``. It talks to the
   policy with ``openai.AsyncOpenAI(base_url=base_url, api_key=api_key)`` (as many calls as it
   likes, its own tools) and returns the episode's reward.
+  Or an agent in AReaL's contract (``module:Class`` with ``async def run(self, data,
+  **extra_kwargs)``, getting ``base_url``, ``api_key``, ``http_client``, returning a float or
+  rewards keyed by completion / response id): :mod:`.areal_agent`, with ``rollout.agent``
+  (parsers, ``turn_discount``) from :attr:`WorkflowContext.agent_config`.
 - ``host`` / ``port``: where the endpoint listens (``127.0.0.1``, a free port).
 - ``allow_non_loopback``: bind a non-loopback host and serve non-loopback peers (false).
 - ``max_tokens_limit``: largest ``max_tokens`` a request may ask for (null:
