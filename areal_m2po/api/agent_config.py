@@ -107,8 +107,8 @@ class AgentConfig:
             )
         if self.export_style == "individual":
             raise ValueError(
-                "export_style: individual (one row per interaction) is not supported: a record's group is "
-                "gconfig.n_samples rows, one per episode; use concat",
+                "export_style: individual (one row per interaction) is not supported: a "
+                "record's group is gconfig.n_samples rows, one per episode; use concat",
             )
         discount = self.turn_discount
         if (
