@@ -33,10 +33,11 @@ class AgentConfig:
     mode: str = field(
         default="inline",
         metadata={
-            "help": "inline: the agent runs as a coroutine in the trainer's rollout loop; "
-            "subproc: refused here (run the agent inline; it talks HTTP to the endpoint "
-            "either way); online: refused (external users driving sessions through a "
-            "gateway; docs/agents.md).",
+            "help": "inline: the agent runs as a coroutine in the trainer's rollout loop, "
+            "called run(data, base_url=, api_key=, http_client=); subproc: in a pool of "
+            "subproc_max_workers worker processes, called run(data) with OPENAI_BASE_URL and "
+            "OPENAI_API_KEY set (AReaL's contract only); online: refused (external users "
+            "driving sessions through a gateway; docs/agents.md).",
             "choices": AGENT_MODES,
         },
     )
@@ -84,6 +85,11 @@ class AgentConfig:
         },
     )
 
+    subproc_max_workers: int = field(
+        default=4,
+        metadata={"help": "Worker processes of mode: subproc (each runs one episode at a time)."},
+    )
+
     def __post_init__(self) -> None:
         """Raise ValueError("key: why") for a value out of range (the loader prefixes it
         with ``rollout.agent``)."""
@@ -100,16 +106,14 @@ class AgentConfig:
             raise ValueError(
                 "mode: online (external users through a gateway) is not supported; use inline"
             )
-        if self.mode == "subproc":
-            raise ValueError(
-                "mode: subproc is not supported; use inline (the agent reaches the endpoint "
-                "over HTTP either way)"
-            )
         if self.export_style == "individual":
             raise ValueError(
                 "export_style: individual (one row per interaction) is not supported: a "
                 "record's group is gconfig.n_samples rows, one per episode; use concat",
             )
+        workers = self.subproc_max_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"subproc_max_workers: must be an integer >= 1, got {workers!r}")
         discount = self.turn_discount
         if (
             isinstance(discount, bool)

@@ -233,3 +233,48 @@ def test_areal_handoff_math_agent_trains_on_the_builtin_model(tmp_path: Path) ->
     for r in rows:
         assert r["agent/episodes"] == 4 and r["agent/calls"] >= 4
         assert r["agent/dropped_episodes"] == 0 and math.isfinite(r["actor/loss"])
+
+
+def test_subproc_mode_runs_the_agent_in_a_worker_process(tmp_path: Path) -> None:
+    tokenizer = tiny_model_and_tokenizer()[1]
+    g = GenerationConfig(n_samples=1, max_new_tokens=50, temperature=1.0)
+    context = WorkflowContext(
+        tokenizer,
+        g,
+        SamplingParams.from_gconfig(g),
+        [tokenizer.eos_token_id],
+        None,
+        agent_config=AgentConfig(mode="subproc", subproc_max_workers=1),
+    )
+    workflow = AgentWorkflow(context, agent="sdk_agents:EnvClientAgent")
+    engine = Scripted(tokenizer, ["It is 1665."])
+    record = {**RECORD, "pid_file": str(tmp_path / "pid")}
+    try:
+        group = asyncio.run(arun_group(workflow, engine, record, 1, "agent"))
+    finally:
+        workflow.close()
+    assert group is not None and engine.texts == []
+    assert int((tmp_path / "pid").read_text()) != os.getpid()
+    traj = group.trajectories[0]
+    assert traj.reward == pytest.approx(sdk_agents.digit_fraction("It is 1665."))
+    masked = tokenizer.decode([t for t, m in zip(traj.input_ids, traj.loss_mask) if m])
+    assert masked == "It is 1665.<|im_end|>"
+
+
+def test_subproc_mode_refuses_an_agent_of_the_other_contract() -> None:
+    tokenizer = tiny_model_and_tokenizer()[1]
+    g = GenerationConfig(n_samples=1, max_new_tokens=8)
+    context = WorkflowContext(
+        tokenizer,
+        g,
+        SamplingParams.from_gconfig(g),
+        [2],
+        None,
+        agent_config=AgentConfig(mode="subproc"),
+    )
+
+    async def ours(base_url: str, api_key: str, record: dict[str, Any]) -> float:
+        return 0.0
+
+    with pytest.raises(ValueError, match="rollout.agent.mode: subproc runs agents in AReaL"):
+        AgentWorkflow(context, agent=ours)

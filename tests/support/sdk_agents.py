@@ -117,3 +117,21 @@ class ArealMathAgent:
         )
         self.last_agent = result.last_agent.name
         return float(digit_fraction(str(result.final_output or "")))
+
+
+class EnvClientAgent:
+    """AReaL's ``mode: subproc`` contract: ``run(data)`` only, its client built from
+    ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``; returns its worker's pid with the reward (the
+    test checks it ran in another process)."""
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> dict[str, float]:
+        import os
+
+        assert not extra_kwargs  # subproc passes the session through the environment only
+        client = openai.AsyncOpenAI(max_retries=0)
+        reply = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": data["question"]}]
+        )
+        with open(data["pid_file"], "w", encoding="utf-8") as fh:
+            fh.write(str(os.getpid()))
+        return {reply.id: digit_fraction(reply.choices[0].message.content or "")}

@@ -118,10 +118,11 @@ def test_rollout_agent_keys_load_with_their_meaning() -> None:
             "rollout.agent.chat_template_type=hf",
         ]
     )
-    assert cfg.rollout.agent == AgentConfig("inline", "qwen25", "qwen3", "hf", 0.9, "concat")
+    assert cfg.rollout.agent == AgentConfig("inline", "qwen25", "qwen3", "hf", 0.9, "concat", 4)
+    assert load_config(["rollout.agent.mode=subproc"]).rollout.agent.mode == "subproc"
     for override, named in [
         ("rollout.agent.mode=online", "rollout.agent: mode: online"),
-        ("rollout.agent.mode=subproc", "rollout.agent: mode: subproc"),
+        ("rollout.agent.subproc_max_workers=0", "rollout.agent: subproc_max_workers"),
         ("rollout.agent.export_style=individual", "rollout.agent: export_style: individual"),
         ("rollout.agent.turn_discount=1.5", "rollout.agent: turn_discount: must be"),
         ("rollout.agent.tool_call_parser=llama9", "rollout.agent: tool_call_parser"),

@@ -22,10 +22,12 @@ group dropped, ``rollout/n_episode_timeouts``).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ __all__ = [
     "discounted_rewards",
     "interaction_rewards",
     "resolve_agent",
+    "run_in_subprocess",
 ]
 
 logger = logging.getLogger("areal_m2po.agent")
@@ -59,6 +62,8 @@ class AgentEntry:
     fn: Callable[..., Any]
     areal: bool
     name: str
+    target: Any = None
+    """What ``mode: subproc`` pickles to a worker: the agent object (or function)."""
 
 
 def _load(spec: str, key: str) -> Any:
@@ -109,7 +114,16 @@ def resolve_agent(agent: Any, key: str) -> AgentEntry:
         areal = takes_kwargs and (not params or params[0].name != "base_url")
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"{key}: {agent!r} must be an async function (or a class whose run is)")
-    return AgentEntry(fn, areal, name)
+    return AgentEntry(fn, areal, name, obj)
+
+
+def run_in_subprocess(target: Any, data: dict[str, Any], env: dict[str, str]) -> Any:
+    """``mode: subproc``, in a worker process: AReaL's ``run(data)`` with ``env`` (the
+    session's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``) set, so a default
+    ``openai.AsyncOpenAI()`` reaches the session."""
+    os.environ.update(env)
+    run = target if inspect.isfunction(target) else target.run
+    return asyncio.run(run(data))
 
 
 def discounted_rewards(own: list[float | None], discount: float) -> list[float]:

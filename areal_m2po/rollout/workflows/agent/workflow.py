@@ -33,9 +33,12 @@ before its trajectory is read; a call still running then is cancelled and not re
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import math
+import multiprocessing
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -55,6 +58,7 @@ from areal_m2po.rollout.workflows.agent.areal_agent import (
     InteractionRewardError,
     interaction_rewards,
     resolve_agent,
+    run_in_subprocess,
 )
 
 __all__ = ["AgentFn", "AgentWorkflow"]
@@ -90,6 +94,12 @@ class AgentWorkflow(RolloutWorkflow):
         self.agent = self.entry.fn
         self.agent_config: AgentConfig = context.agent_config or AgentConfig()
         self.dropped = DropCounter()
+        if self.agent_config.mode == "subproc" and not self.entry.areal:
+            raise ValueError(
+                "rollout.agent.mode: subproc runs agents in AReaL's contract (run(data)); "
+                f"{self.entry.name} takes (base_url, api_key, record): use mode inline"
+            )
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if max_tokens_limit is not None and not (
             isinstance(max_tokens_limit, int) and max_tokens_limit >= 1
         ):
@@ -111,6 +121,15 @@ class AgentWorkflow(RolloutWorkflow):
         """The agent's return value on ``record``, by its contract (AReaL's or ours)."""
         if not self.entry.areal:
             return await self.agent(session.base_url, session.api_key, dict(record))
+        if self.agent_config.mode == "subproc":
+            if self._pool is None:  # spawned: a fork would copy the trainer's threads
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    self.agent_config.subproc_max_workers, multiprocessing.get_context("spawn")
+                )
+            env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, run_in_subprocess, self.entry.target, dict(record), env
+            )
         async with httpx.AsyncClient(timeout=None) as http_client:
             return await self.agent(
                 dict(record),
@@ -234,5 +253,14 @@ class AgentWorkflow(RolloutWorkflow):
         return {"agent/dropped_episodes": float(self.dropped.take())}
 
     def close(self) -> None:
-        """Stop the endpoint."""
+        """Stop the endpoint (and the worker processes of ``mode: subproc``)."""
+        if self._pool is not None:  # an agent still running (hung) is terminated
+            processes = list(getattr(self._pool, "_processes", {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(timeout=5)
+            self._pool = None
         self.proxy.close()
