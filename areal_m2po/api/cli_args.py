@@ -33,6 +33,7 @@ from areal_m2po.algo.options import (
     REJECTION_METRICS,
     rejection_sampling_problem,
 )
+from areal_m2po.api.agent_config import AgentConfig
 
 __all__ = [
     "ConfigError",
@@ -1214,6 +1215,7 @@ class RolloutConfig:
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = _section(VLLMConfig, "vLLM engine settings (backend: vllm).")
+    agent: AgentConfig = _section(AgentConfig, "AReaL's agent-mode keys (docs/agents.md).")
     logp_mismatch_freq: int = _field(
         0,
         "sync mode with staleness >= 1: every this many steps, the trainer also computes its "

@@ -171,6 +171,8 @@ class WorkflowContext:
     eos_token_ids: list[int]
     reward: Any
     max_episode_tokens: int | None = None
+    agent_config: Any = None
+    """``rollout.agent`` (:class:`~areal_m2po.api.agent_config.AgentConfig`); None: defaults."""
 
     def turn_sampling(
         self, context_len: int, sampling: SamplingParams | None = None

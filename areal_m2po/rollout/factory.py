@@ -144,6 +144,7 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         eos_token_ids=eos_ids,
         reward=parts.reward,
         max_episode_tokens=cfg.episode_budget,
+        agent_config=roll.agent,
     )
     workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
     setup = RolloutSetup(

@@ -229,7 +229,7 @@ def test_calls_off_the_last_conversation_are_counted_as_untrained() -> None:
 def _bad_requests() -> list[tuple[dict[str, Any], type[Exception], str]]:
     user = [{"role": "user", "content": "hi"}]
     return [
-        ({"messages": user, "n": 2}, openai.BadRequestError, "n: only n=1 is supported"),
+        ({"messages": user, "n": 17}, openai.BadRequestError, "n: must be an integer in [1, 16]"),
         ({"messages": []}, openai.BadRequestError, "messages: must be a non-empty list"),
         (
             {"messages": [{"role": "wizard", "content": "x"}]},
@@ -293,9 +293,11 @@ def test_malformed_requests_get_a_4xx_with_a_message() -> None:
                 await client.chat.completions.create(model="policy", **kwargs)
             assert caught.value.status_code == 400
             assert message in caught.value.message, (kwargs, caught.value.message)
-        with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
+        with pytest.raises(openai.BadRequestError, match="stream_options: only with stream"):
             await client.chat.completions.create(
-                model="p", messages=[{"role": "user", "content": "x"}], stream=True
+                model="p",
+                messages=[{"role": "user", "content": "x"}],
+                stream_options={"include_usage": True},
             )
         wrong_key = openai.AsyncOpenAI(base_url=session.base_url, api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError, match="wrong or missing api key"):

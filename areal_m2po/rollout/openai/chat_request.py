@@ -5,10 +5,11 @@
 (answered with HTTP 400 and the message in OpenAI's error shape). Nothing is silently ignored:
 a field is used, checked against the trainer's settings, or refused.
 
-Tool calls in a completion are read in the Hermes/Qwen format the common chat templates use,
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A completion is data: parsing
-never raises, whatever the model wrote (a malformed call, a thousand nested brackets, a lone
-surrogate escape); what is not a well-formed call stays in the text.
+Tool calls in a completion are read by the parser ``rollout.agent.tool_call_parser`` names
+(:mod:`.tool_parsers`; ``parse_tool_calls`` here is its Hermes/Qwen one, ``<tool_call>{"name":
+..., "arguments": {...}}</tool_call>``). A completion is data: parsing never raises, whatever
+the model wrote (a malformed call, a thousand nested brackets, a lone surrogate escape); what is
+not a well-formed call stays in the text.
 
 A call is bounded before it is worked on (:mod:`.limits`): at most ``MAX_MESSAGES`` messages
 and ``MAX_CALL_CHARS`` characters of text, every string valid Unicode.
@@ -17,12 +18,11 @@ and ``MAX_CALL_CHARS`` characters of text, every string valid Unicode.
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from areal_m2po.rollout.openai.limits import MAX_CALL_CHARS, MAX_MESSAGES, check_unicode
+from areal_m2po.rollout.openai.tool_parsers import parse_hermes as parse_tool_calls
 
 __all__ = [
     "ACCEPTED_FIELDS",
@@ -74,7 +74,6 @@ REFUSED_FIELDS = (
 """Fields of the chat-completions API refused with HTTP 400 whenever present (any other unknown
 field is refused too)."""
 MAX_STOP_STRINGS = 4
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class ChatRequestError(ValueError):
@@ -308,45 +307,3 @@ def _chars(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -
     if tools:
         total += len(json.dumps(tools))  # bounded by the body limit; depth by the parser's
     return total
-
-
-def _one_call(body: str) -> dict[str, Any] | None:
-    """The OpenAI tool call a ``<tool_call>`` body stands for, or None when it is not JSON
-    with a string ``name`` (too deep, a number too long, a lone surrogate escape included)."""
-    try:
-        payload = json.loads(body)
-        if not (isinstance(payload, dict) and isinstance(payload.get("name"), str)):
-            return None
-        arguments = payload.get("arguments", {})
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        call = {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": payload["name"], "arguments": arguments},
-        }
-        if check_unicode(call, "call") is not None:
-            return None
-    except (ValueError, RecursionError, TypeError):
-        return None
-    return call
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """(text outside the tool calls, OpenAI ``tool_calls``) of a completion; never raises.
-
-    A ``<tool_call>`` whose body is not JSON with a string ``name`` is left in the text (the
-    agent sees what the model wrote and no call is made).
-    """
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    position = 0
-    for match in _TOOL_CALL_RE.finditer(text):
-        call = _one_call(match.group(1))
-        if call is None:
-            continue
-        calls.append(call)
-        kept.append(text[position : match.start()])
-        position = match.end()
-    kept.append(text[position:])
-    return "".join(kept).strip() if calls else text, calls

@@ -47,11 +47,11 @@ from areal_m2po.rollout.common.guard import ServerGuard
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
     ChatRequestError,
-    parse_chat_request,
-    parse_tool_calls,
 )
 from areal_m2po.rollout.openai.limits import MAX_BODY_BYTES, max_token_chars, min_tokens
 from areal_m2po.rollout.openai.prompt_builder import PromptBuilder
+from areal_m2po.rollout.openai.routes import serve_chat, serve_responses
+from areal_m2po.rollout.openai.tool_parsers import reasoning_parser, tool_call_parser
 from areal_m2po.utils.fd_limit import raise_open_file_limit
 
 __all__ = [
@@ -116,6 +116,10 @@ class AgentSession:
     train_top_p: float
     base_url: str = ""
     calls: list[CallRecord] = field(default_factory=list)
+    interactions: dict[str, list[int]] = field(default_factory=dict)
+    """Completion / response id -> indices in :attr:`calls` of its choices."""
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Response id -> its conversation and output, for ``previous_response_id``."""
     max_episode_tokens: int | None = None
     budget_refused: bool = False
     """A call was refused because the prompt left no room in the episode's budget."""
@@ -238,6 +242,8 @@ class AgentProxy:
         host: str = "127.0.0.1",
         port: int = 0,
         allow_non_loopback: bool = False,
+        tool_parser: str = "qwen",
+        reasoning: str = "none",
     ) -> None:
         if not allow_non_loopback and not is_loopback(host):
             raise ValueError(
@@ -248,6 +254,8 @@ class AgentProxy:
         self.tokenizer = tokenizer
         self.builder = PromptBuilder(tokenizer, set(eos_ids))
         self.token_chars = max_token_chars(tokenizer)
+        self.parse_tools = tool_call_parser(tool_parser)  # rollout.agent.tool_call_parser
+        self.parse_reasoning = reasoning_parser(reasoning)  # rollout.agent.reasoning_parser
         # rendering and tokenising run here, off the event loop (a fast tokenizer encodes from
         # several threads at once; it is never reconfigured here); a few calls at a time
         self._work = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="agent-render")
@@ -407,7 +415,9 @@ class AgentProxy:
                 f"least {least} tokens, and rollout.max_episode_tokens is {budget}",
             )
 
-    async def _complete(self, session: AgentSession, request: ChatRequest) -> dict[str, Any]:
+    async def _complete(
+        self, session: AgentSession, request: ChatRequest, completion_id: str | None = None
+    ) -> dict[str, Any]:
         sampling = self._sampling(session, request)
         self._check_chars(session, request)
         loop = asyncio.get_running_loop()
@@ -425,18 +435,22 @@ class AgentProxy:
             raise
         ids = list(out.output_ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.builder.eos_ids])
-        content, tool_calls = text, list[dict[str, Any]]()
-        if request.tools and request.tool_choice == "auto":
-            content, tool_calls = parse_tool_calls(text)
+        thought, text = self.parse_reasoning(text)
+        parse = bool(request.tools) and request.tool_choice == "auto"
+        content, tool_calls = self.parse_tools(text) if parse else (text, [])
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             reply["tool_calls"] = tool_calls
+        if thought is not None:
+            reply["reasoning_content"] = thought
+        completion_id = completion_id or f"chatcmpl-{secrets.token_hex(12)}"
         session.record(
             CallRecord(
                 request.messages, request.tools, reply, prompt_ids, ids,
                 list(out.output_logprobs), list(out.output_versions), out.finish_reason, parent,
             )
         )  # fmt: skip
+        session.interactions.setdefault(completion_id, []).append(len(session.calls) - 1)
         finish = (
             "tool_calls" if tool_calls else ("stop" if out.finish_reason == "stop" else "length")
         )
@@ -451,7 +465,7 @@ class AgentProxy:
                 "content": [self._token_logprob(t, lp) for t, lp in zip(ids, out.output_logprobs)]
             }
         return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "id": completion_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": request.model,
@@ -471,6 +485,34 @@ class AgentProxy:
             "bytes": list(text.encode()),
             "top_logprobs": [],
         }
+
+    async def _serve(self, request: Request, session_id: str, serve: Any) -> Any:
+        """A call of ``session_id``: its JSON body answered by ``serve(self, session, body)``
+        (:mod:`~areal_m2po.rollout.openai.routes`), every failure an HTTP error: 4xx for the
+        call's own fault, 500 (one line, no traceback) for the server's."""
+        session = self._session(request, session_id)
+        if isinstance(session, JSONResponse):
+            return session
+        try:
+            body = json.loads(await request.body())
+        except RecursionError:
+            return _error(400, "the request body is not JSON (nested too deeply)")
+        except ValueError as exc:  # not JSON, not UTF-8, a 5,000-digit number
+            return _error(400, f"the request body is not JSON ({' '.join(str(exc).split())})")
+        try:
+            return await serve(self, session, body)
+        except SessionClosed as exc:
+            return _error(404, str(exc))
+        except ChatRequestError as exc:
+            return _error(400, str(exc), exc.param, getattr(exc, "code", None))
+        except RequestError as exc:  # the engine refused this call alone (its context...)
+            return _error(400, str(exc), "messages")
+        except ValueError as exc:  # e.g. the engine refusing the sampling parameters
+            return _error(400, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops
+            logger.exception("agent endpoint: generation failed")
+            line = " ".join(str(exc).split())[:300]
+            return _error(500, f"generation failed: {type(exc).__name__}: {line}")
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="areal_m2po agent endpoint", docs_url=None, redoc_url=None)
@@ -500,28 +542,10 @@ class AgentProxy:
 
         @app.post("/sessions/{session_id}/v1/chat/completions")
         async def chat_completions(request: Request, session_id: str) -> Any:
-            session = self._session(request, session_id)
-            if isinstance(session, JSONResponse):
-                return session
-            try:
-                body = json.loads(await request.body())
-            except RecursionError:
-                return _error(400, "the request body is not JSON (nested too deeply)")
-            except ValueError as exc:  # not JSON, not UTF-8, a 5,000-digit number
-                return _error(400, f"the request body is not JSON ({' '.join(str(exc).split())})")
-            try:
-                return await self._complete(session, parse_chat_request(body))
-            except SessionClosed as exc:
-                return _error(404, str(exc))
-            except ChatRequestError as exc:
-                return _error(400, str(exc), exc.param, getattr(exc, "code", None))
-            except RequestError as exc:  # the engine refused this call alone (its context...)
-                return _error(400, str(exc), "messages")
-            except ValueError as exc:  # e.g. the engine refusing the sampling parameters
-                return _error(400, str(exc))
-            except Exception as exc:  # noqa: BLE001 - the agent sees why, the run stops
-                logger.exception("agent endpoint: generation failed")
-                line = " ".join(str(exc).split())[:300]
-                return _error(500, f"generation failed: {type(exc).__name__}: {line}")
+            return await self._serve(request, session_id, serve_chat)
+
+        @app.post("/sessions/{session_id}/v1/responses")
+        async def responses(request: Request, session_id: str) -> Any:
+            return await self._serve(request, session_id, serve_responses)
 
         return app

@@ -6,6 +6,10 @@ Built in as ``rollout.workflow=agent``, with ``rollout.workflow_kwargs``:
   ``async def agent(base_url: str, api_key: str, record: dict) -> float``. It talks to the
   policy with ``openai.AsyncOpenAI(base_url=base_url, api_key=api_key)`` (as many calls as it
   likes, its own tools) and returns the episode's reward.
+  Or an agent in AReaL's contract (``module:Class`` with ``async def run(self, data,
+  **extra_kwargs)``, getting ``base_url``, ``api_key``, ``http_client``, returning a float or
+  rewards keyed by completion / response id): :mod:`.areal_agent`, with ``rollout.agent``
+  (parsers, ``turn_discount``) from :attr:`WorkflowContext.agent_config`.
 - ``host`` / ``port``: where the endpoint listens (``127.0.0.1``, a free port).
 - ``allow_non_loopback``: bind a non-loopback host and serve non-loopback peers (false).
 - ``max_tokens_limit``: largest ``max_tokens`` a request may ask for (null:
@@ -30,12 +34,17 @@ before its trajectory is read; a call still running then is cancelled and not re
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable
+import multiprocessing
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import httpx
+
+from areal_m2po.api.agent_config import AgentConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
@@ -44,7 +53,13 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.openai.endpoint import AgentProxy, AgentSession
-from areal_m2po.utils.imports import load_object
+from areal_m2po.rollout.workflows.agent.areal_agent import (
+    DropCounter,
+    InteractionRewardError,
+    interaction_rewards,
+    resolve_agent,
+    run_in_subprocess,
+)
 
 __all__ = ["AgentFn", "AgentWorkflow"]
 
@@ -75,11 +90,16 @@ class AgentWorkflow(RolloutWorkflow):
         allow_non_loopback: bool = False,
         max_tokens_limit: int | None = None,
     ) -> None:
-        if agent is None:
-            raise ValueError(f"{_KEY}.agent: required (package.module:function)")
-        self.agent: AgentFn = agent if callable(agent) else load_object(agent, f"{_KEY}.agent")
-        if not asyncio.iscoroutinefunction(self.agent):
-            raise ValueError(f"{_KEY}.agent: {agent!r} must be an async function")
+        self.entry = resolve_agent(agent, f"{_KEY}.agent")
+        self.agent = self.entry.fn
+        self.agent_config: AgentConfig = context.agent_config or AgentConfig()
+        self.dropped = DropCounter()
+        if self.agent_config.mode == "subproc" and not self.entry.areal:
+            raise ValueError(
+                "rollout.agent.mode: subproc runs agents in AReaL's contract (run(data)); "
+                f"{self.entry.name} takes (base_url, api_key, record): use mode inline"
+            )
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if max_tokens_limit is not None and not (
             isinstance(max_tokens_limit, int) and max_tokens_limit >= 1
         ):
@@ -87,14 +107,43 @@ class AgentWorkflow(RolloutWorkflow):
         self.context = context
         self.max_tokens_limit = max_tokens_limit or context.gconfig.max_new_tokens
         self.proxy = AgentProxy(
-            context.tokenizer, list(context.eos_token_ids), host, port, allow_non_loopback
+            context.tokenizer,
+            list(context.eos_token_ids),
+            host,
+            port,
+            allow_non_loopback,
+            tool_parser=self.agent_config.tool_call_parser,
+            reasoning=self.agent_config.reasoning_parser,
         )
-        self.agent_name = getattr(self.agent, "__qualname__", repr(self.agent))
+        self.agent_name = self.entry.name
+
+    async def _call(self, session: AgentSession, record: dict[str, Any]) -> Any:
+        """The agent's return value on ``record``, by its contract (AReaL's or ours)."""
+        if not self.entry.areal:
+            return await self.agent(session.base_url, session.api_key, dict(record))
+        if self.agent_config.mode == "subproc":
+            if self._pool is None:  # spawned: a fork would copy the trainer's threads
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    self.agent_config.subproc_max_workers, multiprocessing.get_context("spawn")
+                )
+            env = {"OPENAI_BASE_URL": session.base_url, "OPENAI_API_KEY": session.api_key}
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, run_in_subprocess, self.entry.target, dict(record), env
+            )
+        async with httpx.AsyncClient(timeout=None) as http_client:
+            return await self.agent(
+                dict(record),
+                base_url=session.base_url,
+                api_key=session.api_key,
+                http_client=http_client,
+            )
 
     async def _run_agent(
         self, engine: InferenceEngine, record: dict[str, Any], sampling: SamplingParams
-    ) -> tuple[AgentSession, float]:
-        """One session of the agent on ``record``, its calls sampled with ``sampling``."""
+    ) -> tuple[AgentSession, Any]:
+        """One session of the agent on ``record``, its calls sampled with ``sampling``: the
+        session and the agent's return value (an AReaL agent's, unchecked; None when it
+        raised: the episode was dropped and counted)."""
         g = self.context.gconfig
         session = self.proxy.open_session(
             engine,
@@ -105,8 +154,14 @@ class AgentWorkflow(RolloutWorkflow):
             self.context.max_episode_tokens,
         )
         try:
-            reward = await self.agent(session.base_url, session.api_key, dict(record))
+            reward = await self._call(session, record)
         except Exception as exc:
+            if self.entry.areal and not session.budget_refused:
+                self.dropped.add(
+                    f"agent {self.agent_name} raised on record "
+                    f"{str(record.get('question'))[:60]!r}: {type(exc).__name__}: {exc}"
+                )
+                return session, None
             if not session.budget_refused:
                 raise RuntimeError(
                     f"agent {self.agent_name} failed on record "
@@ -115,6 +170,8 @@ class AgentWorkflow(RolloutWorkflow):
             reward = 0.0  # it gave up when the episode's budget ran out: the episode is over
         finally:
             self.proxy.close_session(session)
+        if self.entry.areal:
+            return session, reward
         if (
             isinstance(reward, bool)
             or not isinstance(reward, (int, float))
@@ -129,7 +186,9 @@ class AgentWorkflow(RolloutWorkflow):
         """One agent episode of ``record`` with greedy calls: ``correct`` (the agent's reward
         exceeds 0.5), ``reward_mean`` (its reward) and ``calls_mean`` (the calls it made)."""
         greedy = dataclasses.replace(self.context.sampling, temperature=0.0)
-        session, reward = await self._run_agent(engine, record, greedy)
+        session, result = await self._run_agent(engine, record, greedy)
+        rewards = self._rewards(session, result)
+        reward = rewards[-1] if rewards else (0.0 if self.entry.areal else result)
         return {
             "correct": float(reward > 0.5),
             "reward_mean": reward,
@@ -141,13 +200,20 @@ class AgentWorkflow(RolloutWorkflow):
     ) -> Trajectory | None:
         """One agent session on ``record``: the trajectory of its last call's chain; None (the
         group dropped) when the agent made no call or the engine aborted one."""
-        session, reward = await self._run_agent(engine, record, self.context.sampling)
+        session, result = await self._run_agent(engine, record, self.context.sampling)
+        if result is None:  # an AReaL agent that raised: dropped and counted
+            return None
         if not session.calls:
             logger.warning("agent %s made no call in an episode; group dropped", self.agent_name)
             return None
         if any(call.finish_reason == "abort" for call in session.calls):
             return None
-        trajectory = session.trajectory(float(reward))
+        rewards = self._rewards(session, result)
+        if rewards is None:
+            return None
+        trajectory = session.trajectory(rewards[-1] if self.entry.areal else float(result))
+        if self.entry.areal:  # concat: the chain ending at the last call takes its reward
+            trajectory.info["interaction_rewards"] = rewards
         trajectory.info["untrained_calls"] = len(session.calls) - len(session.chain())
         trajectory.info["budget_ended"] = session.budget_refused
         return trajectory
@@ -164,6 +230,37 @@ class AgentWorkflow(RolloutWorkflow):
         }
         return TrajectoryGroup(trajectories, stats)
 
+    def _rewards(self, session: AgentSession, result: Any) -> list[float] | None:
+        """Each call's reward from an AReaL agent's ``result`` (areal_agent module doc);
+        None, the episode dropped and counted, when it names no call or is no reward; []
+        for this package's contract."""
+        if not self.entry.areal or result is None or not session.calls:
+            return []
+        try:
+            return interaction_rewards(
+                len(session.calls),
+                session.interactions,
+                result,
+                float(self.agent_config.turn_discount),
+            )
+        except InteractionRewardError as exc:
+            self.dropped.add(f"agent {self.agent_name}: {exc}")
+            return None
+
+    def finish_batch(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """``agent/dropped_episodes``: AReaL-contract episodes dropped since the last batch
+        (the agent raised or returned a reward for no call)."""
+        return {"agent/dropped_episodes": float(self.dropped.take())}
+
     def close(self) -> None:
-        """Stop the endpoint."""
+        """Stop the endpoint (and the worker processes of ``mode: subproc``)."""
+        if self._pool is not None:  # an agent still running (hung) is terminated
+            processes = list(getattr(self._pool, "_processes", {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.terminate()
+                    process.join(timeout=5)
+            self._pool = None
         self.proxy.close()
