@@ -37,12 +37,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
+from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
     TrajectoryGroup,
     WorkflowContext,
 )
+from areal_m2po.rollout.episode_errors import one_line
 from areal_m2po.rollout.openai.endpoint import AgentProxy, AgentSession
 from areal_m2po.utils.imports import load_object
 
@@ -108,9 +110,10 @@ class AgentWorkflow(RolloutWorkflow):
             reward = await self.agent(session.base_url, session.api_key, dict(record))
         except Exception as exc:
             if not session.budget_refused:
-                raise RuntimeError(
+                logger.debug("agent %s raised", self.agent_name, exc_info=exc)
+                raise WorkflowError(
                     f"agent {self.agent_name} failed on record "
-                    f"{str(record.get('question'))[:60]!r}: {type(exc).__name__}: {exc}"
+                    f"{str(record.get('question'))[:60]!r}: {one_line(exc)}"
                 ) from exc
             reward = 0.0  # it gave up when the episode's budget ran out: the episode is over
         finally:
@@ -120,7 +123,9 @@ class AgentWorkflow(RolloutWorkflow):
             or not isinstance(reward, (int, float))
             or not math.isfinite(reward)
         ):
-            raise RuntimeError(f"agent {self.agent_name} returned {reward!r}, not a finite number")
+            raise WorkflowError(
+                f"agent {self.agent_name} returned {repr(reward)[:80]}, not a finite number"
+            )
         return session, float(reward)
 
     async def aevaluate(
