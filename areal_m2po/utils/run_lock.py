@@ -26,7 +26,7 @@ from typing import Any
 
 from areal_m2po.api.errors import RunError
 
-__all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock"]
+__all__ = ["LOCK_NAME", "RunFolderBusy", "RunFolderUnwritable", "RunLock"]
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -35,6 +35,12 @@ LOCK_NAME = ".run.lock"
 
 class RunFolderBusy(RunError):
     """Another live run holds the output folder's lock."""
+
+    exit_status = 2
+
+
+class RunFolderUnwritable(RunError):
+    """The output folder cannot be created or written (found before any model loads)."""
 
     exit_status = 2
 
@@ -58,12 +64,23 @@ class RunLock:
 
         Raises:
             RunFolderBusy: one line, ``output_dir: ... is in use by the run of pid N on HOST``.
+            RunFolderUnwritable: one line naming the folder and the system's reason.
         """
         if self._fd is not None:
             return
+        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            raise RunFolderUnwritable(
+                f"output_dir: {self.output_dir} is a file, not a folder; choose another output_dir"
+            )
         self._created_dir = not os.path.isdir(self.output_dir)
-        os.makedirs(self.output_dir, exist_ok=True)
-        fd = self._lock_file()
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+            fd = self._lock_file()
+        except OSError as exc:  # a parent that is a file, no permission, a full disk
+            raise RunFolderUnwritable(
+                f"output_dir: cannot write into {self.output_dir} "
+                f"({exc.strerror or type(exc).__name__}); choose another output_dir"
+            ) from None
         previous = _read_holder(fd)
         if previous and previous.get("pid") != os.getpid():
             logger.warning(

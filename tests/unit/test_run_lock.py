@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from areal_m2po.api.errors import RunError
-from areal_m2po.utils.run_lock import LOCK_NAME, RunFolderBusy, RunLock
+from areal_m2po.utils.run_lock import LOCK_NAME, RunFolderBusy, RunFolderUnwritable, RunLock
 
 HOLD = textwrap.dedent(
     """
@@ -75,3 +75,19 @@ def test_a_lock_of_another_live_process_names_it_and_a_dead_ones_is_taken_over(t
     assert f"took over the lock of the run of pid {proc.pid} on" in caplog.text
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_a_folder_that_cannot_be_written_is_named_in_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(RunFolderUnwritable) as caught:
+        RunLock(str(tmp_path / "a_file" / "run")).acquire()
+    assert str(caught.value) == (
+        f"output_dir: cannot write into {tmp_path / 'a_file' / 'run'} (Not a directory); "
+        "choose another output_dir"
+    )
+    with pytest.raises(RunFolderUnwritable, match=r"a_file is a file, not a folder; choose"):
+        RunLock(str(tmp_path / "a_file")).acquire()
+    if os.geteuid() != 0:  # root writes into read-only folders
+        (tmp_path / "ro").mkdir(mode=0o500)
+        with pytest.raises(RunFolderUnwritable, match="Permission denied"):
+            RunLock(str(tmp_path / "ro" / "run")).acquire()
