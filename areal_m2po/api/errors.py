@@ -8,7 +8,13 @@ SIGTERM), whichever trainer raised it; a bad config or bad input found before tr
 
 from __future__ import annotations
 
-__all__ = ["NonFiniteTrainingError", "NonFiniteWeightsError", "RunError", "RunStopped"]
+__all__ = [
+    "NonFiniteTrainingError",
+    "NonFiniteWeightsError",
+    "RunError",
+    "RunStopped",
+    "WorkflowError",
+]
 
 
 class RunError(RuntimeError):
@@ -31,3 +37,9 @@ class RunStopped(RunError):
     not go on, and a scheduler may requeue it)."""
 
     exit_status = 143
+
+
+class WorkflowError(RunError):
+    """A rollout workflow or agent broke its contract (it raised, returned something else than
+    a trajectory, or left nothing to train on); the message names ``rollout.workflow`` and,
+    for an exception, the file and line in the user's code where it was raised."""

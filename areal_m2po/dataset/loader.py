@@ -6,6 +6,7 @@ Records are plain dicts with at least ``question`` (the prompt text) and ``answe
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -24,7 +25,8 @@ logger = logging.getLogger("areal_m2po.dataset")
 
 _BUILTIN_PREFIX = "builtin:"
 _BUILTINS = {"arithmetic": make_arithmetic_split, "multiplication": make_multiplication_split}
-_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+_SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")  # Dataset(Dict).save_to_disk
 
 
 # ---------------------------------------------------------------------------- loading
@@ -107,6 +109,47 @@ def _read_parquet(path: str) -> list[tuple[str, Any]]:
     return [(f"{path}: row {i}", row) for i, row in enumerate(rows)]
 
 
+def _read_csv(path: str) -> list[tuple[str, Any]]:
+    """(location, row) per data row of a CSV file with a header line (every value a string)."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        try:
+            return [(f"{path}:{reader.line_num}", dict(row)) for row in reader]
+        except csv.Error as exc:
+            raise ValueError(f"{path}:{reader.line_num}: invalid CSV ({exc})") from exc
+
+
+def _read_saved(path: str, split: str) -> list[tuple[str, Any]]:
+    """(location, row) per row of a folder written by ``Dataset.save_to_disk`` (or a
+    ``DatasetDict``'s, whose ``split`` is read)."""
+    import datasets
+
+    try:
+        dataset = datasets.load_from_disk(path)
+    except Exception as exc:  # noqa: BLE001 - any loading failure gets one clear line
+        detail = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"dataset folder {path!r} (save_to_disk) could not be read: "
+            f"{type(exc).__name__}: {detail}"
+        ) from exc
+    if isinstance(dataset, datasets.DatasetDict):
+        if split not in dataset:
+            raise ValueError(
+                f"dataset folder {path!r} has no split {split!r}; it has {sorted(dataset)}"
+            )
+        dataset = dataset[split]
+    return [(f"{path}: row {i}", row) for i, row in enumerate(dataset)]
+
+
+def _looks_local(path: str) -> bool:
+    """Whether ``path`` names a local path rather than a Hub dataset: it starts with ``/``,
+    ``./``, ``../`` or ``~``, or its first component is an existing folder (``data/x``)."""
+    if path.startswith(("/", "./", "../", "~", ".\\")):
+        return True
+    head = path.replace("\\", "/").split("/", 1)[0]
+    return "/" in path and os.path.isdir(head)
+
+
 def _read_hub(path: str, split: str, config_name: str | None) -> list[tuple[str, Any]]:
     """(location, row) per row of ``datasets.load_dataset(path, config_name, split=split)``."""
     import datasets
@@ -126,22 +169,30 @@ def _read_hub(path: str, split: str, config_name: str | None) -> list[tuple[str,
 def read_rows(
     path: str, split: str = "train", config_name: str | None = None
 ) -> list[tuple[str, Any]]:
-    """``(location, row)`` for every row of a local ``.jsonl``/``.json``/``.parquet`` file or a
-    ``datasets`` directory / Hub name; ``location`` names the file and line (``data.jsonl:7``),
-    item or row for error messages.
+    """``(location, row)`` for every row of a local ``.jsonl``/``.json``/``.parquet``/``.csv``
+    file, a folder written by ``save_to_disk``, or a ``datasets`` directory / Hub name
+    (``~`` expanded); ``location`` names the file and line (``data.jsonl:7``), item or row for
+    error messages. A path that looks local (see :func:`_looks_local`) is never sent to the Hub.
 
     Raises:
         ValueError: the file does not exist, or a line is not valid JSON (naming file and line).
     """
+    path = os.path.expanduser(path)
     lowered = path.lower()
     if not lowered.endswith(_FILE_SUFFIXES):
+        if os.path.isdir(path) and any(
+            os.path.isfile(os.path.join(path, f)) for f in _SAVED_DATASET_FILES
+        ):
+            return _read_saved(path, split)
+        if not os.path.exists(path) and _looks_local(path):
+            raise ValueError(f"dataset path {path!r} does not exist")
         return _read_hub(path, split, config_name)
     if not os.path.isfile(path):
         raise ValueError(f"dataset file {path!r} does not exist")
-    if lowered.endswith(".jsonl"):
-        return _read_jsonl(path)
-    if lowered.endswith(".json"):
-        return _read_json(path)
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv}
+    for suffix, reader in readers.items():
+        if lowered.endswith(suffix):
+            return reader(path)
     return _read_parquet(path)
 
 

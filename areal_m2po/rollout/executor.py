@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
+from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
@@ -28,6 +29,7 @@ from areal_m2po.api.workflow_api import (
     WorkflowContext,
 )
 from areal_m2po.rollout.batch_builder import check_groups, groups_to_batch, sum_group_stats
+from areal_m2po.rollout.episode_errors import episode_failure
 from areal_m2po.rollout.token_text import decode_completion
 from areal_m2po.utils.aio import gather_or_cancel
 from areal_m2po.utils.data import Batch
@@ -112,12 +114,17 @@ async def arun_group(
     An episode still running after ``episode_timeout_s`` seconds (``rollout.episode_timeout_s``;
     None: no limit) is cancelled and its group dropped; ``on_timeout(k)`` is told how many of
     the group's episodes timed out."""
-    episodes = await gather_or_cancel(
-        *(
-            arun_within(lambda: workflow.arun_episode(engine, record), episode_timeout_s)
-            for _ in range(n_samples)
+    try:
+        episodes = await gather_or_cancel(
+            *(
+                arun_within(lambda: workflow.arun_episode(engine, record), episode_timeout_s)
+                for _ in range(n_samples)
+            )
         )
-    )
+    except RequestError:  # the engine refused the record: the caller drops the group
+        raise
+    except Exception as exc:
+        raise episode_failure(workflow_name, exc) from exc
     timed_out = sum(t is TIMED_OUT for t in episodes)
     if timed_out:
         logger.warning(
@@ -132,7 +139,7 @@ async def arun_group(
         return None
     for t in episodes:
         if t is not None and not isinstance(t, Trajectory):
-            raise TypeError(
+            raise WorkflowError(
                 f"rollout.workflow {workflow_name}: arun_episode returned {type(t).__name__}, "
                 "not a Trajectory or None"
             )
@@ -300,7 +307,7 @@ class RolloutExecutor(abc.ABC):
         if not kept:
             why = f", {timeouts} episodes past rollout.episode_timeout_s" if timeouts else ""
             why += f"; {n_refused} refused by the engine, e.g. {reason}" if n_refused else ""
-            raise RuntimeError(
+            raise WorkflowError(
                 f"rollout.workflow {self.workflow_name}: every group of a batch was dropped "
                 f"({len(groups)} groups{why}); nothing to train on"
             )
@@ -337,9 +344,12 @@ class RolloutExecutor(abc.ABC):
         sums = dict.fromkeys(("n", "correct", *names, "timed_out"), 0.0)
         for i in range(0, len(records), batch_size):
             chunk = records[i : i + batch_size]
-            results = await gather_or_cancel(
-                *(arun_within(self._evaluation(r), self.episode_timeout_s) for r in chunk)
-            )
+            try:
+                results = await gather_or_cancel(
+                    *(arun_within(self._evaluation(r), self.episode_timeout_s) for r in chunk)
+                )
+            except Exception as exc:
+                raise episode_failure(self.workflow_name, exc, "an evaluation episode") from exc
             for r, result in zip(chunk, results):
                 if result is TIMED_OUT:
                     logger.warning(
@@ -354,7 +364,7 @@ class RolloutExecutor(abc.ABC):
                     continue
                 missing = {"correct", *names} - set(result)
                 if missing:
-                    raise RuntimeError(
+                    raise WorkflowError(
                         f"rollout.workflow {self.workflow_name}: aevaluate returned no "
                         f"{', '.join(sorted(missing))} for record {str(r.get('question'))[:60]!r}"
                     )

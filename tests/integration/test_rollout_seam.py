@@ -28,6 +28,7 @@ from toy_rewards import digit_fraction
 from areal_m2po.api.cli_args import ConfigError, DatasetConfig, GenerationConfig, RewardModelConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import TrajectoryGroup, WorkflowContext
 from areal_m2po.reward.runner import RewardRunner
 from areal_m2po.rollout.async_executor import AsyncRolloutExecutor
@@ -289,7 +290,7 @@ def test_a_group_of_the_wrong_size_or_an_episode_of_the_wrong_type_is_refused(ti
     with pytest.raises(ValueError, match=r"rollout.workflow rlvr: a group holds 3 .* is 4"):
         ex.next_batch()
     ex = _sync(engine, _NotATrajectory(ctx), ctx, records)
-    with pytest.raises(TypeError, match=r"rollout.workflow rlvr: arun_episode returned "
+    with pytest.raises(WorkflowError, match=r"rollout.workflow rlvr: arun_episode returned "
                        "TrajectoryGroup, not a Trajectory or None"):  # fmt: skip
         ex.next_batch()
 

@@ -288,3 +288,59 @@ def test_loader_iter_and_errors() -> None:
     other = PromptLoader(_records(5), batch_size=2, shuffle=False, seed=0)
     with pytest.raises(ValueError, match="num_records"):
         other.load_state_dict(loader.state_dict())
+
+
+# ---------------------------------------------------------------- CSV, save_to_disk, local paths
+
+
+def test_a_local_csv_file_loads_with_its_lines_named(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text('question,answer\n"What is 1 + 2?",3\n"Say ""hi""",hi\n', encoding="utf-8")
+    records = load_records(str(path))
+    assert [(r["question"], r["answer"]) for r in records] == [
+        ("What is 1 + 2?", "3"),
+        ('Say "hi"', "hi"),
+    ]
+    (tmp_path / "bad.csv").write_text("prompt,answer\nx,1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.csv:2: .*question"):
+        load_records(str(tmp_path / "bad.csv"))
+
+
+def test_a_save_to_disk_folder_loads_without_the_hub(tmp_path, monkeypatch):
+    import datasets
+
+    rows = {"question": ["a?", "b?"], "answer": ["1", "2"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}
+    ).save_to_disk(str(tmp_path / "many"))
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("sent to datasets.load_dataset")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    assert [r["question"] for r in load_records(str(tmp_path / "one"))] == ["a?", "b?"]
+    assert [r["answer"] for r in load_records(str(tmp_path / "many"), split="test")] == ["1", "2"]
+    with pytest.raises(ValueError, match=r"has no split 'valid'; it has \['test', 'train'\]"):
+        load_records(str(tmp_path / "many"), split="valid")
+
+
+@pytest.mark.parametrize("relative", ["./nope", "sub/nope", "~/no_such_dataset_dir_xyz"])
+def test_a_missing_path_that_looks_local_is_never_sent_to_the_hub(tmp_path, monkeypatch, relative):
+    import datasets
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("sent to datasets.load_dataset")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_records(relative)
+
+
+def test_tilde_expands_in_a_dataset_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "d.jsonl").write_text('{"question": "q", "answer": "a"}\n', encoding="utf-8")
+    assert load_records("~/d.jsonl")[0]["question"] == "q"

@@ -46,12 +46,14 @@ import httpx
 
 from areal_m2po.api.agent_config import AgentConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
+from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import (
     RolloutWorkflow,
     Trajectory,
     TrajectoryGroup,
     WorkflowContext,
 )
+from areal_m2po.rollout.episode_errors import one_line
 from areal_m2po.rollout.openai.endpoint import AgentProxy, AgentSession
 from areal_m2po.rollout.workflows.agent.areal_agent import (
     DropCounter,
@@ -163,9 +165,10 @@ class AgentWorkflow(RolloutWorkflow):
                 )
                 return session, None
             if not session.budget_refused:
-                raise RuntimeError(
+                logger.debug("agent %s raised", self.agent_name, exc_info=exc)
+                raise WorkflowError(
                     f"agent {self.agent_name} failed on record "
-                    f"{str(record.get('question'))[:60]!r}: {type(exc).__name__}: {exc}"
+                    f"{str(record.get('question'))[:60]!r}: {one_line(exc)}"
                 ) from exc
             reward = 0.0  # it gave up when the episode's budget ran out: the episode is over
         finally:
@@ -177,7 +180,9 @@ class AgentWorkflow(RolloutWorkflow):
             or not isinstance(reward, (int, float))
             or not math.isfinite(reward)
         ):
-            raise RuntimeError(f"agent {self.agent_name} returned {reward!r}, not a finite number")
+            raise WorkflowError(
+                f"agent {self.agent_name} returned {repr(reward)[:80]}, not a finite number"
+            )
         return session, float(reward)
 
     async def aevaluate(
