@@ -41,7 +41,13 @@ from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
-from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, library_actor_loss, load_actor_loss_fn
+from areal_m2po.trainer.ppo.loss_fn import (
+    ActorLossFn,
+    custom_loss_name,
+    library_actor_loss,
+    load_actor_loss_fn,
+)
+from areal_m2po.trainer.ppo.plan import resolve_actor_plan
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
 from areal_m2po.trainer.run_setup import (
@@ -107,6 +113,12 @@ class RLTrainer(RecoverableStepLoop):
         self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
         critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
         load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
+        # the actor's plan refuses what it cannot honour before any model loads
+        resolve_actor_plan(
+            cfg.actor,
+            cfg.gconfig.max_new_tokens,
+            custom_loss=custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn),
+        )
         self._build_data()
         self._build_models()
         self.stats_logger = make_stats_logger(cfg, ctx)
@@ -168,7 +180,6 @@ class RLTrainer(RecoverableStepLoop):
     def _build_models(self) -> None:
         from areal_m2po.engine.precision import load_dtype
         from areal_m2po.engine.train_engine import HFTrainEngine
-        from areal_m2po.trainer.ppo.actor import PPOActor
         from areal_m2po.trainer.ppo.teacher import build_teacher
 
         cfg = self.config
@@ -176,16 +187,6 @@ class RLTrainer(RecoverableStepLoop):
         self.teacher = build_teacher(cfg, self.accelerator, self.tokenizer)
         n_updates = self.total_steps * cfg.actor.ppo_n_minibatches
         self.actor_engine = HFTrainEngine(cfg.actor, self.accelerator, n_updates)
-        self.actor = PPOActor(
-            cfg.actor,
-            self.actor_engine,
-            cfg.gconfig.n_samples,
-            cfg.gconfig.max_new_tokens,
-            loss_fn=self.actor_loss_fn,
-            has_critic=cfg.critic.enabled,
-            phases=self.phases,
-        )
-        self.actor.prox_read_before_update = self.teacher is not None  # its student log-probs
         self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
         if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
             ref_cfg = cfg.ref.engine_config(cfg.actor)
@@ -213,18 +214,41 @@ class RLTrainer(RecoverableStepLoop):
 
             self.learned_reward = LearnedReward(cfg.reward.model, self.accelerator.device)
         self.rollout = self._build_rollout()
+        self.actor = self._build_actor()
         self._check_behaviour_source()
 
-    def _check_behaviour_source(self) -> None:
-        """Tell the actor whether the engine's log-probs are the trainer's own; warn once when
-        they are not and no proximal forward pass will correct or measure the difference."""
+    def _build_actor(self) -> Any:
+        """The PPO actor, built last: its plan takes what the rollout engine (exact log-probs
+        or not) and the teacher (it reads the proximal log-probs) decide."""
+        from areal_m2po.trainer.ppo.actor import PPOActor
+
+        cfg = self.config
+        return PPOActor(
+            cfg.actor,
+            self.actor_engine,
+            cfg.gconfig.n_samples,
+            cfg.gconfig.max_new_tokens,
+            loss_fn=self.actor_loss_fn,
+            has_critic=cfg.critic.enabled,
+            phases=self.phases,
+            exact_behave_logp=self._exact_behave_logp(),
+            prox_read_before_update=self.teacher is not None,  # its student log-probs
+        )
+
+    def _exact_behave_logp(self) -> bool:
+        """Whether the rollout engine's log-probs are the trainer's own (float16 mixed
+        precision: the trainer computes under autocast, the engine does not)."""
         engine = self.rollout.engine
-        # float16 mixed precision: the trainer computes under autocast, the engine does not
         exact = getattr(engine, "exact_logprobs", False) and not self.actor_engine.precision.enabled
-        self.actor.exact_behave_logp = bool(exact)
+        return bool(exact)
+
+    def _check_behaviour_source(self) -> None:
+        """Warn once when the engine's log-probs are not the trainer's own and no proximal
+        forward pass will correct or measure the difference (the actor's plan)."""
+        engine = self.rollout.engine
         a = self.config.actor
-        forward = a.recompute_logprob and a.prox_logp_method == "recompute"
-        if not self.actor.exact_behave_logp and not forward and self.is_main:
+        forward = self.actor.plan.prox_source == "recompute"
+        if not self.actor.plan.exact_behave_logp and not forward and self.is_main:
             logger.warning(
                 "%s's behaviour log-probs are not the trainer's own, and without a proximal "
                 "forward pass (actor.recompute_logprob=%s, actor.prox_logp_method=%s) the "
@@ -453,13 +477,12 @@ class RLTrainer(RecoverableStepLoop):
             cfg.train_dataset.batch_size,
             cfg.gconfig.n_samples,
             cfg.rollout.staleness,
-            f"m2_threshold={cfg.actor.m2_threshold} ({cfg.actor.m2_scope})"
-            if cfg.actor.m2_threshold is not None
-            else "off",
+            self.actor.plan.m2po_text(),
             cfg.train_dataset.path,
             evaluation_note(cfg, self.is_main),
             self.output_dir,
         )
+        logger.info("actor plan: %s", self.actor.plan.describe())
         if self.is_main and self.actor_loss_fn is library_actor_loss:
             for line in trust_region_warnings(cfg.actor, max_lag(cfg.rollout)):
                 logger.warning(line)
