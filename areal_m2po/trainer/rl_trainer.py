@@ -36,7 +36,6 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
-from areal_m2po.api.errors import RunError
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
@@ -51,14 +50,11 @@ from areal_m2po.trainer.ppo.plan import resolve_actor_plan
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import filter_groups, rollout_stats
 from areal_m2po.trainer.run_setup import (
-    EXIT_BAD_INPUT,
-    build_or_report,
     evaluation_note,
     make_stats_logger,
     start_run,
-    write_run_config,
 )
-from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
+from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader, run_trainer
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch, with_current_keys
@@ -462,12 +458,10 @@ class RLTrainer(RecoverableStepLoop):
 
     # -- loop ---------------------------------------------------------------------------------
 
-    def _train(self) -> None:
+    def _begin(self) -> None:
+        """Start the rollout side, then the start-up lines: the run, the actor's plan and the
+        trust-region warnings."""
         cfg = self.config
-        resumed = self.resume()
-        write_run_config(cfg, self)
-        # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
-        self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         self.rollout.start(self.actor_engine.full_tensors, self.actor_engine.version)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
@@ -486,26 +480,22 @@ class RLTrainer(RecoverableStepLoop):
         if self.is_main and self.actor_loss_fn is library_actor_loss:
             for line in trust_region_warnings(cfg.actor, max_lag(cfg.rollout)):
                 logger.warning(line)
-        if cfg.evaluator.eval_at_start and self.step == 0:
-            ev = self.evaluate()
-            self.stats_logger.log(0, ev)
+
+    def _before_loop(self) -> None:
         while self.rollout.prefill_needed():
             with self.phases("generate"):  # the first steps train on the initial policy
                 self.rollout.prefill_one()
-        with self.stats_logger.progress(self.total_steps, self.step):
-            while self.step < self.total_steps:
-                t_step = time.perf_counter()
-                self.phases.step_begin(self.step + 1)
-                with self.phases("generate"):
-                    batch, info = self.rollout.next_batch()
-                stats = self._train_step(batch, info)
-                release_free_host_memory()  # the update's activations and logits
-                self.step += 1
-                self.phases.step_end(self.step, stats)
-                self._end_step(stats, t_step)
-                if self._after_step(stats):
-                    break
-        self._save_final()
+
+    def _one_step(self) -> dict[str, float]:
+        self.phases.step_begin(self.step + 1)
+        with self.phases("generate"):
+            batch, info = self.rollout.next_batch()
+        stats = self._train_step(batch, info)
+        release_free_host_memory()  # the update's activations and logits
+        return stats
+
+    def _step_counted(self, stats: dict[str, float]) -> None:
+        self.phases.step_end(self.step, stats)
 
     _skip_hint = " or check the rewards"
 
@@ -518,10 +508,16 @@ class RLTrainer(RecoverableStepLoop):
             for name, section in sections
         ]
 
-    def _after_step(self, stats: dict[str, float]) -> bool:
-        """A recover checkpoint after a logged step (not after a skipped update, counted by
-        :meth:`_end_step`); True: stop (SIGTERM)."""
-        return self._checkpoint_after_step(good=not self.step_skipped)
+    def failure_status(self, exc: Exception) -> int | None:
+        """A rollout server that failed: its error with the last good recover checkpoint,
+        status 1."""
+        from areal_m2po.rollout.engines.remote.errors import RolloutServerError
+
+        if not isinstance(exc, RolloutServerError):
+            return None
+        last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
+        print_error(f"{exc}; the last good recover checkpoint is {last or 'none'}")
+        return 1
 
     def close(self) -> None:
         """The rollout side, the reward runner, then :meth:`StepLoop.close`."""
@@ -539,24 +535,7 @@ def run(config: PPOConfig) -> int:
     does not import, an unknown model path) is reported as one ``error:`` line with exit code 2
     before any training starts.
     """
-    trainer = build_or_report(RLTrainer, config)
-    if trainer is None:
-        return EXIT_BAD_INPUT
-    from areal_m2po.rollout.engines.remote.errors import RolloutServerError
-
-    try:
-        trainer.train()
-    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
-        print_error(exc)
-        return exc.exit_status
-    except RolloutServerError as exc:
-        last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
-        msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"
-        print_error(msg)
-        return 1
-    finally:
-        trainer.close()
-    return 0
+    return run_trainer(RLTrainer, config)
 
 
 def _skipped_stat(key: str) -> Callable[[dict[str, float]], bool]:
