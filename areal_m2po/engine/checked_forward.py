@@ -5,6 +5,7 @@ the two verdicts, each taken once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -19,6 +20,8 @@ from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch
 
 __all__ = ["CheckedForwards"]
+
+logger = logging.getLogger("areal_m2po.engine")
 
 
 class Autocasts(Protocol):
@@ -56,6 +59,7 @@ class CheckedForwards:
         self.scores_policy = scores_policy
         self.packing_ok: bool | None = None  # packed == padded on this model (None: not yet)
         self.shared_prefix_ok: bool | None = None  # shared == plain (None: not yet)
+        self.train_fallback_said = False  # the plain-split fallback of training was logged
 
     def packed(
         self, model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool
@@ -119,12 +123,37 @@ class CheckedForwards:
         return idx if self.shared_prefix_ok else None
 
     def train_split(
-        self, model: torch.nn.Module, batch: Batch, temperature: float, precision: Autocasts
+        self,
+        model: torch.nn.Module,
+        batch: Batch,
+        temperature: float,
+        precision: Autocasts,
+        *,
+        group_size: int = 1,
+        checkpointing: bool = False,
     ) -> list[torch.Tensor] | None:
         """:meth:`shared_split` for a training pass (``shared_prefix_train``, within
-        ``max_tokens_per_mb``), or None for the plain split, also with several processes (DDP
-        expects one forward per backward). The caller rules out row groups and gradient
-        checkpointing (no KV cache in training)."""
-        if not self.spec.shared_prefix_train or dist.is_distributed():
+        ``max_tokens_per_mb``), or None for the plain split. With ``shared_prefix_train`` on
+        (and ``shared_prefix``, for the policy's log-probs), the plain split is also taken, and
+        said once in the log, with several processes (DDP
+        expects one forward per backward), gradient checkpointing (``checkpointing``: no KV
+        cache in training) or a loss over row groups (``group_size`` > 1)."""
+        if not (self.spec.shared_prefix and self.spec.shared_prefix_train and self.scores_policy):
+            return None
+        reason = self._train_fallback(group_size, checkpointing)
+        if reason is not None:
+            if not self.train_fallback_said:
+                logger.info("mb_spec.shared_prefix_train: the plain split instead (%s)", reason)
+                self.train_fallback_said = True
             return None
         return self.shared_split(model, batch, temperature, self.spec.max_tokens_per_mb, precision)
+
+    def _train_fallback(self, group_size: int, checkpointing: bool) -> str | None:
+        """Why a training pass cannot share prompts here (None: it may)."""
+        if dist.is_distributed():
+            return "several processes: DDP expects one forward per backward"
+        if checkpointing:
+            return "gradient checkpointing: no KV cache in training"
+        if group_size != 1:
+            return f"rows are kept in groups of {group_size}"
+        return None

@@ -326,9 +326,14 @@ class HFTrainEngine:
         assert self.optimizer is not None and self.scheduler is not None, "frozen engine"
         self.model.train()
         forward = self._forward
-        shared = None
-        if group_size == 1 and not self.config.gradient_checkpointing:
-            shared = self.checks.train_split(self.unwrapped, batch, temperature, self.precision)
+        shared = self.checks.train_split(
+            self.unwrapped,
+            batch,
+            temperature,
+            self.precision,
+            group_size=group_size,
+            checkpointing=self.config.gradient_checkpointing,
+        )
         if shared is not None:
             forward = self._forward_shared_prefix
             mbs = [{k: v.index_select(0, i) for k, v in batch.items()} for i in shared]

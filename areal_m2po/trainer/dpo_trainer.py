@@ -31,10 +31,7 @@ Data, tokenizer and every pair's length are checked before the model loads.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,20 +44,10 @@ from areal_m2po.algo.dpo import (
     pair_sequence_logps,
 )
 from areal_m2po.api.cli_args import DPOConfig, PreferenceDatasetConfig, TrainEngineConfig
-from areal_m2po.api.errors import RunError
-from areal_m2po.trainer.checkpoints import RecoverCheckpoints
-from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
-from areal_m2po.trainer.run_setup import (
-    EXIT_BAD_INPUT,
-    build_or_report,
-    evaluation_note,
-    make_stats_logger,
-    start_run,
-    write_run_config,
-)
-from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
-from areal_m2po.utils import dist, recover
-from areal_m2po.utils.console import print_error
+from areal_m2po.trainer.run_setup import evaluation_note
+from areal_m2po.trainer.step_loop import run_trainer
+from areal_m2po.trainer.supervised_trainer import RecoverableSupervisedTrainer
+from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch
 
 logger = logging.getLogger("areal_m2po.dpo_trainer")
@@ -131,59 +118,26 @@ def _load_pairs(
     return tokenize_dpo_pairs(records, tokenizer, max_length, dcfg.use_chat_template)
 
 
-class DPOTrainer(RecoverableStepLoop):
+class DPOTrainer(RecoverableSupervisedTrainer):
     """Builds data, policy, reference and checkpoints from a :class:`DPOConfig` and runs the
-    step loop (its bookkeeping: :class:`~areal_m2po.trainer.step_loop.RecoverableStepLoop`)."""
+    step loop (its start-up, step and state: :class:`~areal_m2po.trainer.supervised_trainer.
+    RecoverableSupervisedTrainer`)."""
 
-    def __init__(self, config: DPOConfig) -> None:
-        self.config = cfg = config
-        cfg.check_required()
-        ctx = start_run(cfg)
-        self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
-        self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
-        check_engine_launch(
-            [("model", cfg.model)],
-            self.accelerator.distributed_type.value,
-            self.world,
-            torch.cuda.is_available(),
-            str(self.accelerator.mixed_precision),
-        )
-        self._build_data()
+    metric_prefix = "dpo"
+    must_match = DPO_MUST_MATCH
+    config: DPOConfig
+
+    def _load_items(self, dataset: PreferenceDatasetConfig) -> list[dict[str, Any]]:
+        return _load_pairs(dataset, self.tokenizer, self.config.max_length)
+
+    def _build_model(self) -> None:
         from areal_m2po.engine.train_engine import HFTrainEngine
 
+        cfg = self.config
         self.engine = HFTrainEngine(cfg.model, self.accelerator, self.total_steps)
         self.reference = self._build_reference()
         self.loss = DPOLoss(cfg.beta, cfg.label_smoothing, cfg.loss_type)
-        self.stats_logger = make_stats_logger(cfg, ctx)
-        self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main, DPO_MUST_MATCH)
         self._valid_ref: list[torch.Tensor] | None = None  # the reference's held-out sums
-        self.step = 0
-        self.stop_requested = False
-
-    def _build_data(self) -> None:
-        from transformers import AutoTokenizer
-
-        from areal_m2po.engine.builtin_models import resolve_model_path
-
-        cfg = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            resolve_model_path(cfg.tokenizer_path or cfg.model.path)
-        )
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.train_pairs = _load_pairs(cfg.train_dataset, self.tokenizer, cfg.max_length)
-        self.valid_pairs = (
-            _load_pairs(cfg.valid_dataset, self.tokenizer, cfg.max_length)
-            if cfg.valid_dataset is not None
-            else []
-        )
-        check_batch_split(cfg.train_dataset.batch_size, self.world)
-        if self.world > 1 and not cfg.train_dataset.drop_last:
-            raise ValueError(
-                "train_dataset.drop_last must be true with several processes (an epoch's last, "
-                "smaller batch would not split evenly over the ranks)"
-            )
-        self.loader, self.total_steps = epoch_loader(self.train_pairs, cfg)
 
     def _build_reference(self) -> Any:
         """The frozen reference: the LoRA policy's own base model when ``ref_path`` is null
@@ -212,10 +166,6 @@ class DPOTrainer(RecoverableStepLoop):
 
     # -- training -----------------------------------------------------------------------------
 
-    def _local_rows(self, items: list[Any]) -> list[Any]:
-        """This rank's share of a global batch of pairs."""
-        return items[self.rank :: self.world]
-
     def train_step(self, pairs: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step on this rank's ``pairs`` (the global batch's pair mean)."""
         batch = self._collate(pairs)
@@ -238,16 +188,6 @@ class DPOTrainer(RecoverableStepLoop):
             stats["dpo/loss_scale"] = train_stats["loss_scale"]
         return stats
 
-    def _eval_chunks(self) -> list[Batch]:
-        """This rank's strided share of the held-out pairs in batches of
-        ``valid_dataset.batch_size`` pairs; every rank gets as many (some possibly empty), so
-        sharded engines run their forwards in step."""
-        assert self.config.valid_dataset is not None
-        bs = self.config.valid_dataset.batch_size
-        mine = self.valid_pairs[self.rank :: self.world]
-        n_chunks = math.ceil(math.ceil(len(self.valid_pairs) / self.world) / bs)
-        return [self._collate(mine[i * bs : (i + 1) * bs]) for i in range(n_chunks)]
-
     def _sequence_sums(self, model: Any, chunks: list[Batch]) -> list[torch.Tensor]:
         """``[p, 2]`` summed completion log-probs of each chunk's pairs under ``model`` (a
         ``forward_tokens`` holder; a sharded engine runs idle forwards for an empty chunk)."""
@@ -265,7 +205,7 @@ class DPOTrainer(RecoverableStepLoop):
         """The DPO loss, the implicit-reward metrics and the completions' log-probs over every
         held-out pair (each rank scores a strided share; the reference's sums are computed
         once and kept)."""
-        if not self.valid_pairs:
+        if not self.valid_items:
             return {}
         t0 = time.perf_counter()
         chunks = self._eval_chunks()
@@ -298,46 +238,10 @@ class DPOTrainer(RecoverableStepLoop):
         )
         return stats
 
-    def save_hf(self, tag: str) -> str:
-        return self._save_engine_hf(self.engine, tag, "model")
-
-    # -- state (recover checkpoints) ----------------------------------------------------------
-
-    def state_dict(self, shard_dir: str | None = None) -> dict[str, Any]:
-        """This rank's state: ``trainer`` (step, loader position), ``model`` (the policy's
-        weights, optimizer, scheduler; sharded into ``shard_dir/model_shards``), ``rank`` (RNG)."""
-        shards = None if shard_dir is None else os.path.join(shard_dir, "model_shards")
-        return {
-            "trainer": {
-                "step": self.step,
-                "loader": self.loader.state_dict(),
-                "skip_streaks": dict(self.skip_streaks or {}),
-            },
-            "model": self.engine.training_state(shards),
-            "rank": {"rank": self.rank, "rng": recover.capture_rng()},
-        }
-
-    def _state_loaders(self, shard_dir: str | None) -> list[tuple[str, Callable[[Any], None]]]:
-        shards = None if shard_dir is None else os.path.join(shard_dir, "model_shards")
-
-        def load_trainer(state: Mapping[str, Any]) -> None:
-            self.loader.load_state_dict(state["loader"])
-            self.step = int(state["step"])
-            self.skip_streaks = {k: int(v) for k, v in state.get("skip_streaks", {}).items()}
-
-        return [
-            ("trainer", load_trainer),
-            ("model", lambda state: self.engine.load_training_state(state, shards)),
-            ("rank", lambda state: recover.restore_rng(state["rng"])),
-        ]
-
     # -- loop ---------------------------------------------------------------------------------
 
-    def _train(self) -> None:
+    def _begin(self) -> None:
         cfg = self.config
-        resumed = self.resume()
-        write_run_config(cfg, self)
-        self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         logger.info(
             "DPO (%s, beta %g) for %d steps: %s, %d pairs per step, %d train pairs (%s) / %d "
             "held-out (%s), reference %s, LoRA %s, output_dir %s",
@@ -346,18 +250,13 @@ class DPOTrainer(RecoverableStepLoop):
             self.total_steps,
             cfg.model.path,
             cfg.train_dataset.batch_size,
-            len(self.train_pairs),
+            len(self.train_items),
             cfg.train_dataset.path,
-            len(self.valid_pairs),
+            len(self.valid_items),
             evaluation_note(cfg, self.is_main),
             type(self.reference).__name__,
             f"r={cfg.model.lora.r}" if cfg.model.lora is not None else "off",
             self.output_dir,
-        )
-        if cfg.evaluator.eval_at_start and self.step == 0 and self.valid_pairs:
-            self.stats_logger.log(0, self.evaluate())
-        self._run_epochs(
-            "dpo/epoch", lambda stats: self._checkpoint_after_step(not stats.get("dpo/skipped"))
         )
 
 
@@ -365,14 +264,4 @@ def run(config: DPOConfig) -> int:
     """Train with DPO as configured; returns the exit status (2: bad input, one line; 1:
     a recover checkpoint that does not match, or a run of non-finite steps; 143: stopped by
     SIGTERM after a recover checkpoint)."""
-    trainer = build_or_report(DPOTrainer, config)
-    if trainer is None:
-        return EXIT_BAD_INPUT
-    try:
-        trainer.train()
-    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
-        print_error(exc)
-        return exc.exit_status
-    finally:
-        trainer.close()
-    return 0
+    return run_trainer(DPOTrainer, config)

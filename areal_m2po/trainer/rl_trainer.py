@@ -36,12 +36,17 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
-from areal_m2po.api.errors import RunError
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
-from areal_m2po.trainer.ppo.loss_fn import ActorLossFn, library_actor_loss, load_actor_loss_fn
+from areal_m2po.trainer.ppo.loss_fn import (
+    ActorLossFn,
+    custom_loss_name,
+    library_actor_loss,
+    load_actor_loss_fn,
+)
+from areal_m2po.trainer.ppo.plan import resolve_actor_plan
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import (
     check_rewards_usable,
@@ -49,14 +54,11 @@ from areal_m2po.trainer.rollout_stats import (
     rollout_stats,
 )
 from areal_m2po.trainer.run_setup import (
-    EXIT_BAD_INPUT,
-    build_or_report,
     evaluation_note,
     make_stats_logger,
     start_run,
-    write_run_config,
 )
-from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader
+from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader, run_trainer
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 from areal_m2po.utils.data import Batch, with_current_keys
@@ -111,6 +113,12 @@ class RLTrainer(RecoverableStepLoop):
         self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
         critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
         load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
+        # the actor's plan refuses what it cannot honour before any model loads
+        resolve_actor_plan(
+            cfg.actor,
+            cfg.gconfig.max_new_tokens,
+            custom_loss=custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn),
+        )
         self._build_data()
         self._build_models()
         self.stats_logger = make_stats_logger(cfg, ctx)
@@ -172,7 +180,6 @@ class RLTrainer(RecoverableStepLoop):
     def _build_models(self) -> None:
         from areal_m2po.engine.precision import load_dtype
         from areal_m2po.engine.train_engine import HFTrainEngine
-        from areal_m2po.trainer.ppo.actor import PPOActor
         from areal_m2po.trainer.ppo.teacher import build_teacher
 
         cfg = self.config
@@ -180,16 +187,6 @@ class RLTrainer(RecoverableStepLoop):
         self.teacher = build_teacher(cfg, self.accelerator, self.tokenizer)
         n_updates = self.total_steps * cfg.actor.ppo_n_minibatches
         self.actor_engine = HFTrainEngine(cfg.actor, self.accelerator, n_updates)
-        self.actor = PPOActor(
-            cfg.actor,
-            self.actor_engine,
-            cfg.gconfig.n_samples,
-            cfg.gconfig.max_new_tokens,
-            loss_fn=self.actor_loss_fn,
-            has_critic=cfg.critic.enabled,
-            phases=self.phases,
-        )
-        self.actor.prox_read_before_update = self.teacher is not None  # its student log-probs
         self.ref_engine: Any = self.actor_engine.lora_reference(cfg.ref, cfg.actor.kl_ctl)
         if cfg.actor.kl_ctl > 0 and self.ref_engine is None:
             ref_cfg = cfg.ref.engine_config(cfg.actor)
@@ -217,18 +214,41 @@ class RLTrainer(RecoverableStepLoop):
 
             self.learned_reward = LearnedReward(cfg.reward.model, self.accelerator.device)
         self.rollout = self._build_rollout()
+        self.actor = self._build_actor()
         self._check_behaviour_source()
 
-    def _check_behaviour_source(self) -> None:
-        """Tell the actor whether the engine's log-probs are the trainer's own; warn once when
-        they are not and no proximal forward pass will correct or measure the difference."""
+    def _build_actor(self) -> Any:
+        """The PPO actor, built last: its plan takes what the rollout engine (exact log-probs
+        or not) and the teacher (it reads the proximal log-probs) decide."""
+        from areal_m2po.trainer.ppo.actor import PPOActor
+
+        cfg = self.config
+        return PPOActor(
+            cfg.actor,
+            self.actor_engine,
+            cfg.gconfig.n_samples,
+            cfg.gconfig.max_new_tokens,
+            loss_fn=self.actor_loss_fn,
+            has_critic=cfg.critic.enabled,
+            phases=self.phases,
+            exact_behave_logp=self._exact_behave_logp(),
+            prox_read_before_update=self.teacher is not None,  # its student log-probs
+        )
+
+    def _exact_behave_logp(self) -> bool:
+        """Whether the rollout engine's log-probs are the trainer's own (float16 mixed
+        precision: the trainer computes under autocast, the engine does not)."""
         engine = self.rollout.engine
-        # float16 mixed precision: the trainer computes under autocast, the engine does not
         exact = getattr(engine, "exact_logprobs", False) and not self.actor_engine.precision.enabled
-        self.actor.exact_behave_logp = bool(exact)
+        return bool(exact)
+
+    def _check_behaviour_source(self) -> None:
+        """Warn once when the engine's log-probs are not the trainer's own and no proximal
+        forward pass will correct or measure the difference (the actor's plan)."""
+        engine = self.rollout.engine
         a = self.config.actor
-        forward = a.recompute_logprob and a.prox_logp_method == "recompute"
-        if not self.actor.exact_behave_logp and not forward and self.is_main:
+        forward = self.actor.plan.prox_source == "recompute"
+        if not self.actor.plan.exact_behave_logp and not forward and self.is_main:
             logger.warning(
                 "%s's behaviour log-probs are not the trainer's own, and without a proximal "
                 "forward pass (actor.recompute_logprob=%s, actor.prox_logp_method=%s) the "
@@ -443,12 +463,10 @@ class RLTrainer(RecoverableStepLoop):
 
     # -- loop ---------------------------------------------------------------------------------
 
-    def _train(self) -> None:
+    def _begin(self) -> None:
+        """Start the rollout side, then the start-up lines: the run, the actor's plan and the
+        trust-region warnings."""
         cfg = self.config
-        resumed = self.resume()
-        write_run_config(cfg, self)
-        # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
-        self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
         self.rollout.start(self.actor_engine.full_tensors, self.actor_engine.version)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
@@ -458,36 +476,31 @@ class RLTrainer(RecoverableStepLoop):
             cfg.train_dataset.batch_size,
             cfg.gconfig.n_samples,
             cfg.rollout.staleness,
-            f"m2_threshold={cfg.actor.m2_threshold} ({cfg.actor.m2_scope})"
-            if cfg.actor.m2_threshold is not None
-            else "off",
+            self.actor.plan.m2po_text(),
             cfg.train_dataset.path,
             evaluation_note(cfg, self.is_main),
             self.output_dir,
         )
+        logger.info("actor plan: %s", self.actor.plan.describe())
         if self.is_main and self.actor_loss_fn is library_actor_loss:
             for line in trust_region_warnings(cfg.actor, max_lag(cfg.rollout)):
                 logger.warning(line)
-        if cfg.evaluator.eval_at_start and self.step == 0:
-            ev = self.evaluate()
-            self.stats_logger.log(0, ev)
+
+    def _before_loop(self) -> None:
         while self.rollout.prefill_needed():
             with self.phases("generate"):  # the first steps train on the initial policy
                 self.rollout.prefill_one()
-        with self.stats_logger.progress(self.total_steps, self.step):
-            while self.step < self.total_steps:
-                t_step = time.perf_counter()
-                self.phases.step_begin(self.step + 1)
-                with self.phases("generate"):
-                    batch, info = self.rollout.next_batch()
-                stats = self._train_step(batch, info)
-                release_free_host_memory()  # the update's activations and logits
-                self.step += 1
-                self.phases.step_end(self.step, stats)
-                self._end_step(stats, t_step)
-                if self._after_step(stats):
-                    break
-        self._save_final()
+
+    def _one_step(self) -> dict[str, float]:
+        self.phases.step_begin(self.step + 1)
+        with self.phases("generate"):
+            batch, info = self.rollout.next_batch()
+        stats = self._train_step(batch, info)
+        release_free_host_memory()  # the update's activations and logits
+        return stats
+
+    def _step_counted(self, stats: dict[str, float]) -> None:
+        self.phases.step_end(self.step, stats)
 
     _skip_hint = " or check the rewards"
 
@@ -500,10 +513,16 @@ class RLTrainer(RecoverableStepLoop):
             for name, section in sections
         ]
 
-    def _after_step(self, stats: dict[str, float]) -> bool:
-        """A recover checkpoint after a logged step (not after a skipped update, counted by
-        :meth:`_end_step`); True: stop (SIGTERM)."""
-        return self._checkpoint_after_step(good=not self.step_skipped)
+    def failure_status(self, exc: Exception) -> int | None:
+        """A rollout server that failed: its error with the last good recover checkpoint,
+        status 1."""
+        from areal_m2po.rollout.engines.remote.errors import RolloutServerError
+
+        if not isinstance(exc, RolloutServerError):
+            return None
+        last = recover.latest_checkpoint(recover.recover_root(self.output_dir))
+        print_error(f"{exc}; the last good recover checkpoint is {last or 'none'}")
+        return 1
 
     def close(self) -> None:
         """The rollout side, the reward runner, then :meth:`StepLoop.close`."""
@@ -521,24 +540,7 @@ def run(config: PPOConfig) -> int:
     does not import, an unknown model path) is reported as one ``error:`` line with exit code 2
     before any training starts.
     """
-    trainer = build_or_report(RLTrainer, config)
-    if trainer is None:
-        return EXIT_BAD_INPUT
-    from areal_m2po.rollout.engines.remote.errors import RolloutServerError
-
-    try:
-        trainer.train()
-    except RunError as exc:  # a checkpoint that does not match, non-finite steps, SIGTERM
-        print_error(exc)
-        return exc.exit_status
-    except RolloutServerError as exc:
-        last = recover.latest_checkpoint(recover.recover_root(trainer.output_dir))
-        msg = f"{exc}; the last good recover checkpoint is {last or 'none'}"
-        print_error(msg)
-        return 1
-    finally:
-        trainer.close()
-    return 0
+    return run_trainer(RLTrainer, config)
 
 
 def _skipped_stat(key: str) -> Callable[[dict[str, float]], bool]:

@@ -33,19 +33,10 @@ from areal_m2po.api.cli_args import (
     RWModelConfig,
     TrainEngineConfig,
 )
-from areal_m2po.api.errors import RunError
-from areal_m2po.trainer.preflight import check_batch_split
-from areal_m2po.trainer.run_setup import (
-    EXIT_BAD_INPUT,
-    build_or_report,
-    evaluation_note,
-    make_stats_logger,
-    start_run,
-    write_run_config,
-)
-from areal_m2po.trainer.step_loop import StepLoop, epoch_loader
+from areal_m2po.trainer.run_setup import evaluation_note
+from areal_m2po.trainer.step_loop import run_trainer
+from areal_m2po.trainer.supervised_trainer import SupervisedTrainer
 from areal_m2po.utils import dist
-from areal_m2po.utils.console import print_error
 
 logger = logging.getLogger("areal_m2po.rw_trainer")
 
@@ -138,34 +129,23 @@ def _engine_config(mcfg: RWModelConfig) -> TrainEngineConfig:
     )
 
 
-class RWTrainer(StepLoop):
+class RWTrainer(SupervisedTrainer):
     """Builds data, model and optimizer from an :class:`RWConfig` and runs the step loop (its
-    bookkeeping: :class:`~areal_m2po.trainer.step_loop.StepLoop`; no recover checkpoints)."""
+    start-up and step: :class:`~areal_m2po.trainer.supervised_trainer.SupervisedTrainer`; no
+    recover checkpoints, no launch checks, an epoch's last batch split in equal shares)."""
 
-    def __init__(self, config: RWConfig) -> None:
-        self.config = cfg = config
-        cfg.check_required()
-        ctx = start_run(cfg)
-        self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
-        self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
-        self._build_data()
-        self._build_model()
-        self.stats_logger = make_stats_logger(cfg, ctx)
-        self.step = 0
+    metric_prefix = "train"
+    checks_launch = False
+    even_batches = False
+    config: RWConfig
 
-    def _build_data(self) -> None:
+    def _load_tokenizer(self) -> Any:
         from areal_m2po.reward.reward_model import load_reward_tokenizer
 
-        cfg = self.config
-        self.tokenizer = load_reward_tokenizer(cfg.tokenizer_path or cfg.model.path)
-        self.train_pairs = _load_pairs(cfg.train_dataset, self.tokenizer, cfg.max_length)
-        self.valid_pairs = (
-            _load_pairs(cfg.valid_dataset, self.tokenizer, cfg.max_length)
-            if cfg.valid_dataset is not None
-            else []
-        )
-        check_batch_split(cfg.train_dataset.batch_size, self.world)
-        self.loader, self.total_steps = epoch_loader(self.train_pairs, cfg)
+        return load_reward_tokenizer(self.config.tokenizer_path or self.config.model.path)
+
+    def _load_items(self, dataset: PreferenceDatasetConfig) -> list[dict[str, Any]]:
+        return _load_pairs(dataset, self.tokenizer, self.config.max_length)
 
     def _build_model(self) -> None:
         from areal_m2po.engine.precision import load_dtype
@@ -243,10 +223,10 @@ class RWTrainer(StepLoop):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Loss and TRL's metrics on the held-out pairs (each rank scores a strided share)."""
-        if not self.valid_pairs:
+        if not self.valid_items:
             return {}
         t0 = time.perf_counter()
-        mine = self.valid_pairs[self.rank :: self.world]
+        mine = self.valid_items[self.rank :: self.world]
         bs = self.config.valid_dataset.batch_size if self.config.valid_dataset else 16
         self.engine.model.eval()
         chosen_all, rejected_all = [torch.zeros(0)], [torch.zeros(0)]
@@ -282,38 +262,23 @@ class RWTrainer(StepLoop):
         self.accelerator.wait_for_everyone()
         return path
 
-    def train(self) -> None:
+    def _begin(self) -> None:
         cfg = self.config
-        write_run_config(cfg, self)
-        self.stats_logger.start()
         logger.info(
             "training a reward model for %d steps: %s, %d pairs per step, %d train pairs (%s) / "
             "%d held-out (%s), output_dir %s",
             self.total_steps,
             cfg.model.path,
             cfg.train_dataset.batch_size,
-            len(self.train_pairs),
+            len(self.train_items),
             cfg.train_dataset.path,
-            len(self.valid_pairs),
+            len(self.valid_items),
             evaluation_note(cfg, self.is_main),
             self.output_dir,
         )
-        if cfg.evaluator.eval_at_start and self.valid_pairs:
-            self.stats_logger.log(0, self.evaluate())
-        self._run_epochs("train/epoch", lambda stats: False)
 
 
 def run(config: RWConfig) -> int:
     """Train a reward model as configured; returns the exit status (2: bad input, one line;
     1: a run of non-finite steps)."""
-    trainer = build_or_report(RWTrainer, config)
-    if trainer is None:
-        return EXIT_BAD_INPUT
-    try:
-        trainer.train()
-    except RunError as exc:  # non-finite steps
-        print_error(exc)
-        return exc.exit_status
-    finally:
-        trainer.close()
-    return 0
+    return run_trainer(RWTrainer, config)

@@ -1,18 +1,20 @@
-"""The step-loop bookkeeping the three trainers (RL, SFT, reward model) share.
+"""The run every trainer (RL, SFT, reward model, DPO) shares: one loop, one exit.
 
-Owns the epoch loader and a run's number of steps (:func:`epoch_loader`), what follows every
-training step (:meth:`StepLoop._end_step`: evaluation and a Hugging Face save when due, then
-``timing/step_s`` and the metrics line; :meth:`StepLoop._save_final`), the supervised trainers'
-loop (:meth:`StepLoop._run_epochs`) and, for the trainers
-that resume (RL, SFT: :class:`RecoverableStepLoop`), recover checkpoints: saving and resuming
-through :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`, their cadence
+Owns the epoch loader and a run's number of steps (:func:`epoch_loader`); the run itself
+(:meth:`StepLoop.train`: resume, the run's config file and metrics sinks, the trainer's start-up
+line, the evaluation at start, then the steps and the final save); what follows every training
+step (:meth:`StepLoop._end_step`: evaluation and a Hugging Face save when due, then
+``timing/step_s`` and the metrics line); for the trainers that resume (RL, SFT, DPO:
+:class:`RecoverableStepLoop`), recover checkpoints: saving and resuming through
+:class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`, their cadence
 (``recover.freq_steps``/``freq_epochs``/``freq_secs``, after good steps only) and SIGTERM (a
-checkpoint after the current step, then the loop stops). Each periodic action's cadence is a
+checkpoint after the current step, then the loop stops); and the exit status of a run
+(:func:`run_trainer`). Each periodic action's cadence is a
 :class:`~areal_m2po.trainer.cadence.Cadence` of its section.
 
 A trainer subclasses one of the two classes and provides what differs: ``evaluate``,
-``save_hf``, the loop itself (``_train``) and, to resume, ``state_dict``/``_state_loaders``; all
-close through :meth:`StepLoop.close`.
+``save_hf``, one step (``_one_step``), its start-up line (``_begin``) and, to resume,
+``state_dict``/``_state_loaders``; all close through :meth:`StepLoop.close`.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.errors import NonFiniteTrainingError, RunStopped
+from areal_m2po.api.errors import NonFiniteTrainingError, RunError, RunStopped
 from areal_m2po.trainer.cadence import Cadence
+from areal_m2po.trainer.run_setup import EXIT_BAD_INPUT, build_or_report, write_run_config
 from areal_m2po.utils import dist, recover
+from areal_m2po.utils.console import print_error
 
-__all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader"]
+__all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader", "run_trainer"]
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -58,8 +62,7 @@ class StepLoop:
     The trainer sets ``config`` (a root config with ``evaluator`` and ``saver`` sections),
     ``step`` (finished steps), ``total_steps``, ``stats_logger``, ``accelerator`` and, for the
     helpers that use them, ``loader``, ``output_dir``, ``is_main`` and ``tokenizer``; it defines
-    :meth:`evaluate` and :meth:`save_hf` (and, for :meth:`_run_epochs`, ``train_step`` and
-    ``_local_rows``).
+    :meth:`evaluate`, :meth:`save_hf`, :meth:`_one_step` and :meth:`_begin`.
     """
 
     config: Any
@@ -86,13 +89,66 @@ class StepLoop:
         """Save the model in Hugging Face format under ``checkpoints/<tag>``; its path."""
         raise NotImplementedError
 
-    def train_step(self, items: list[Any]) -> dict[str, float]:
-        """One optimizer step on this rank's ``items`` (supervised trainers); its metrics."""
+    def _one_step(self) -> dict[str, float]:
+        """Train step ``self.step + 1`` (not yet counted); its metrics."""
         raise NotImplementedError
 
-    def _local_rows(self, items: list[Any]) -> list[Any]:
-        """This rank's share of a global batch (supervised trainers)."""
+    def _begin(self) -> None:
+        """What the trainer does once its metrics sinks are open, before any evaluation: its
+        start-up line (and the RL trainer's rollout start)."""
         raise NotImplementedError
+
+    def _before_loop(self) -> None:
+        """After the evaluation at start, before the first step (the RL trainer's prefill)."""
+
+    def _has_eval_data(self) -> bool:
+        """Whether :meth:`evaluate` has anything to score (the evaluation at start)."""
+        return True
+
+    def _step_counted(self, stats: dict[str, float]) -> None:
+        """Step ``self.step`` was just counted, before its evaluation and metrics line."""
+
+    def _after_step(self, stats: dict[str, float]) -> bool:
+        """After a logged step; True: stop now (default: never)."""
+        del stats
+        return False
+
+    def resume(self) -> bool:
+        """Load a recover checkpoint; True when one was loaded (none here)."""
+        return False
+
+    def train(self) -> None:
+        """The run: resume (if the trainer can), write ``config.yaml``, open the metrics sinks
+        (keeping the steps up to a resumed checkpoint's), :meth:`_begin`, the evaluation at
+        start (``evaluator.eval_at_start``, step 0), :meth:`_before_loop`, then the steps under
+        the step bar: each :meth:`_one_step`, counted, ended by :meth:`_end_step` (which may
+        raise :class:`~areal_m2po.api.errors.NonFiniteTrainingError`) and :meth:`_after_step`
+        (True stops the loop); then :meth:`_save_final`."""
+        self._start_cadences()
+        resumed = self.resume()
+        write_run_config(self.config, self)
+        # metrics.jsonl keeps the steps up to the checkpoint's (all of them dropped when fresh)
+        self.stats_logger.start(resume_step=self.step + 1 if resumed else 0)
+        self._begin()
+        if self.config.evaluator.eval_at_start and self.step == 0 and self._has_eval_data():
+            self.stats_logger.log(0, self.evaluate())
+        self._before_loop()
+        with self.stats_logger.progress(self.total_steps, self.step):
+            while self.step < self.total_steps:
+                t0 = time.perf_counter()
+                stats = self._one_step()
+                self.step += 1
+                self._step_counted(stats)
+                self._end_step(stats, t0)
+                if self._after_step(stats):
+                    break
+        self._save_final()
+
+    def failure_status(self, exc: Exception) -> int | None:
+        """The exit status for an error :meth:`train` raised that is no ``RunError``, after
+        reporting it (None: not handled here, it propagates)."""
+        del exc
+        return None
 
     def close(self) -> None:
         """The shutdown every trainer ends with: the loggers, the accelerator's references,
@@ -208,35 +264,15 @@ class StepLoop:
             logger.info("saved %s (HF format) to %s", what, path)
         return path
 
-    def _run_epochs(self, epoch_key: str, after_step: Callable[[dict[str, float]], bool]) -> None:
-        """The loop of the supervised trainers (SFT, reward model) after their start-up: each
-        step trains on this rank's rows of the loader's next batch (``train_step(
-        _local_rows(batch))``), records the epoch as ``epoch_key``, ends the step
-        (:meth:`_end_step`) and stops early when ``after_step(stats)`` says so, under the step
-        bar (:meth:`~areal_m2po.utils.stats_logger.StatsLogger.progress`); then
-        :meth:`_save_final`."""
-        self._start_cadences()
-        with self.stats_logger.progress(self.total_steps, self.step):
-            while self.step < self.total_steps:
-                t0 = time.perf_counter()
-                batch, epoch = self.loader.next_batch()
-                stats = self.train_step(self._local_rows(batch))
-                stats[epoch_key] = float(epoch)
-                self.step += 1
-                self._end_step(stats, t0)
-                if after_step(stats):
-                    break
-        self._save_final()
-
 
 class RecoverableStepLoop(StepLoop):
     """A :class:`StepLoop` that writes recover checkpoints, resumes from them and stops
     cleanly on SIGTERM.
 
     The trainer also sets ``checkpoints`` (a
-    :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`) and defines ``_train`` (the
-    loop, which calls :meth:`resume` first and :meth:`_checkpoint_after_step` after each
-    logged step), ``state_dict(shard_dir)`` and ``_state_loaders(shard_dir)``.
+    :class:`~areal_m2po.trainer.checkpoints.RecoverCheckpoints`) and defines
+    ``state_dict(shard_dir)`` and ``_state_loaders(shard_dir)``; :meth:`StepLoop.train` calls
+    :meth:`resume` first and :meth:`_checkpoint_after_step` after each logged step.
     """
 
     checkpoints: Any
@@ -248,9 +284,6 @@ class RecoverableStepLoop(StepLoop):
 
     def _state_loaders(self, shard_dir: str | None) -> list[tuple[str, Callable[[Any], None]]]:
         """``(part, load)`` of every part of :meth:`state_dict`, in load order."""
-        raise NotImplementedError
-
-    def _train(self) -> None:
         raise NotImplementedError
 
     def save_checkpoint(self) -> str:
@@ -275,9 +308,8 @@ class RecoverableStepLoop(StepLoop):
             RunStopped: after that checkpoint (the run is not finished: exit status 143).
         """
         restore_handler = recover.install_sigterm_handler(self._on_sigterm)
-        self._start_cadences()
         try:
-            self._train()
+            super().train()
         finally:
             restore_handler()
         if self.stop_requested:
@@ -290,6 +322,12 @@ class RecoverableStepLoop(StepLoop):
     def _on_sigterm(self) -> None:
         self.stop_requested = True
         logger.warning("SIGTERM: saving a recover checkpoint after this step, then exiting")
+
+    def _after_step(self, stats: dict[str, float]) -> bool:
+        """A recover checkpoint after a logged step (not after a skipped update, counted by
+        :meth:`_end_step`); True: stop (SIGTERM)."""
+        del stats
+        return self._checkpoint_after_step(good=not self.step_skipped)
 
     def _checkpoint_after_step(self, good: bool) -> bool:
         """A recover checkpoint after step ``self.step`` when one is due (the recover
@@ -308,3 +346,27 @@ class RecoverableStepLoop(StepLoop):
         if stop:
             logger.warning("stopped by SIGTERM after step %d; checkpoint saved", self.step)
         return stop
+
+
+def run_trainer(build: Callable[[Any], StepLoop], config: Any) -> int:
+    """Build a trainer from ``config`` and run it; the exit status: 0 done, 2 bad input found
+    while building (one ``error:`` line), a :class:`~areal_m2po.api.errors.RunError`'s own
+    (1: a recover checkpoint that does not match, a run of non-finite steps; 143: stopped by
+    SIGTERM after a recover checkpoint), or what the trainer's :meth:`StepLoop.failure_status`
+    makes of another error. The trainer closes in every case."""
+    trainer = build_or_report(build, config)
+    if trainer is None:
+        return EXIT_BAD_INPUT
+    try:
+        trainer.train()
+    except RunError as exc:
+        print_error(exc)
+        return exc.exit_status
+    except Exception as exc:
+        status = trainer.failure_status(exc)
+        if status is None:
+            raise
+        return status
+    finally:
+        trainer.close()
+    return 0

@@ -3,6 +3,8 @@ learned reward alone, at tiny size; and its pair-building and reward-gap helpers
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 import runpy
 from pathlib import Path
@@ -52,10 +54,19 @@ def tiny_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("rlhf_tiny")
 
 
-def test_tiny_run_goes_through_all_three_stages(ex, tiny_dir, capsys):
+@pytest.fixture(scope="module")
+def tiny_run(ex, tiny_dir) -> tuple[dict, str]:
+    """The tiny run's three stages in ``tiny_dir``, run once for the module, whichever test
+    asks first (each test of this module passes alone): its summary and printed output."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary = ex["main"](["--tiny", "--output-dir", str(tiny_dir)])
+    return summary, out.getvalue()
+
+
+def test_tiny_run_goes_through_all_three_stages(tiny_run, tiny_dir):
     tmp_path = tiny_dir
-    summary = ex["main"](["--tiny", "--output-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    summary, out = tiny_run
     assert "[0/3] SFT" in out
     assert "[1/3] pairs:" in out and "[2/3] reward model" in out and "[3/3] PPO" in out
     sft = summary["sft"]
@@ -79,8 +90,9 @@ def test_tiny_run_goes_through_all_three_stages(ex, tiny_dir, capsys):
     assert (tmp_path / "summary.json").is_file()
 
 
-def test_tiny_dpo_arms_on_the_same_pairs(ex, tiny_dir, capsys):
-    """--dpo on a finished run: the earlier stages are read back, not run again; each DPO arm
+def test_tiny_dpo_arms_on_the_same_pairs(ex, tiny_run, tiny_dir, capsys):
+    """--dpo on a finished run (``tiny_run``, whichever test ran it): the earlier stages are
+    read back, not run again; each DPO arm
     trains the SFT model on the reward model's pairs and is measured by the PPO run's own
     evaluation (the SFT model reads as PPO's step 0)."""
     plot = tiny_dir / "comparison.png"

@@ -81,6 +81,7 @@ def test_an_inexact_engine_gets_a_proximal_pass_on_policy_and_its_mismatch_logge
     fake = ScriptedEngine([tok.convert_tokens_to_ids(d) for d in "123"], int(tok.eos_token_id))
     assert fake.exact_logprobs is False
     trainer.rollout.engine = fake
+    trainer.actor = trainer._build_actor()  # its plan takes the engine's inexact log-probs
     trainer._check_behaviour_source()
     assert trainer.actor.exact_behave_logp is False
     _train(trainer)
@@ -104,6 +105,7 @@ def test_an_inexact_engine_without_a_proximal_pass_is_warned_once(tmp_path, capl
     trainer = RLTrainer(cfg)
     try:
         trainer.rollout.engine = ScriptedEngine([1], 2)
+        trainer.actor = trainer._build_actor()  # its plan takes the engine's log-probs
         with caplog.at_level(logging.WARNING, logger="areal_m2po.trainer"):
             trainer._check_behaviour_source()
     finally:

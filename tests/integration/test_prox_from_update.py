@@ -38,9 +38,9 @@ def _stale_batch(actor, n_groups: int = 3, group: int = 4, seed: int = 0) -> dic
 
 def _step(from_update: bool, **kw) -> tuple[torch.Tensor, dict, int]:
     torch.manual_seed(0)
-    actor = tiny_actor(4, 6, **kw)
+    # prox_read_before_update=False: the shortcut may apply
+    actor = tiny_actor(4, 6, prox_read_before_update=not from_update, **kw)
     actor.engine.version = 1
-    actor.prox_read_before_update = not from_update  # False: the shortcut may apply
     calls = []
     actor.engine.unwrapped.register_forward_pre_hook(lambda *_: calls.append(1))
     batch = _stale_batch(actor)
@@ -94,16 +94,17 @@ def test_the_pass_stays_where_its_result_is_read_first(kw: dict) -> None:
 
 
 def test_the_pass_stays_for_a_teacher_and_for_current_tokens() -> None:
+    # a teacher reads the student's log-probs
+    teacher = tiny_actor(4, 6, m2_threshold=None, prox_read_before_update=True)
+    teacher.engine.version = 1
+    assert not teacher.prox_from_update()
+    batch = _stale_batch(teacher)
+    teacher.prepare_proximal(batch)
+    assert "prox_logp" in batch
     actor = tiny_actor(4, 6, m2_threshold=None)
     actor.engine.version = 1
-    assert actor.prox_from_update()
-    actor.prox_read_before_update = True  # a teacher reads the student's log-probs
-    batch = _stale_batch(actor)
-    actor.prepare_proximal(batch)
-    assert "prox_logp" in batch
-    actor.prox_read_before_update = False
+    assert actor.prox_from_update() and actor.plan.exact_behave_logp
     batch = _stale_batch(actor)
     batch["versions"][0] = 1  # one row of the current version: its mismatch is logged
-    actor.exact_behave_logp = True
     stats = actor.prepare_proximal(batch)
     assert "prox_logp" in batch and stats["rollout/logp_mismatch_tokens"] == 6

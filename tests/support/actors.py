@@ -15,10 +15,17 @@ def plain_sgd() -> OptimizerConfig:
 
 
 def tiny_actor(
-    group_size: int, max_new_tokens: int, total_steps: int = 1, **actor_kw: Any
+    group_size: int,
+    max_new_tokens: int,
+    total_steps: int = 1,
+    *,
+    exact_behave_logp: bool = True,
+    prox_read_before_update: bool = False,
+    **actor_kw: Any,
 ) -> PPOActor:
     """A :class:`PPOActor` on ``builtin:tiny`` (CPU) with ``overlong_filtering`` and
-    :func:`plain_sgd` unless ``actor_kw`` says otherwise (``actor_kw``: ActorConfig fields)."""
+    :func:`plain_sgd` unless ``actor_kw`` says otherwise (``actor_kw``: ActorConfig fields;
+    ``exact_behave_logp``, ``prox_read_before_update``: the actor's own arguments)."""
     from accelerate import Accelerator
 
     from areal_m2po.engine.train_engine import HFTrainEngine
@@ -26,4 +33,11 @@ def tiny_actor(
     kw: dict[str, Any] = {"overlong_filtering": True, "optimizer": plain_sgd(), **actor_kw}
     cfg = ActorConfig(path="builtin:tiny", **kw)
     engine = HFTrainEngine(cfg, Accelerator(cpu=True), total_steps=total_steps)
-    return PPOActor(cfg, engine, group_size=group_size, max_new_tokens=max_new_tokens)
+    return PPOActor(
+        cfg,
+        engine,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        exact_behave_logp=exact_behave_logp,
+        prox_read_before_update=prox_read_before_update,
+    )

@@ -38,8 +38,14 @@ def _batch(versions: list[int]) -> dict[str, torch.Tensor]:
     }
 
 
-def _actor(version: int, **kwargs) -> PPOActor:
-    return PPOActor(ActorConfig(**kwargs), StubEngine(version), group_size=1, max_new_tokens=4)  # type: ignore[arg-type]
+def _actor(version: int, exact_behave_logp: bool = True, **kwargs) -> PPOActor:
+    return PPOActor(
+        ActorConfig(**kwargs),
+        StubEngine(version),  # type: ignore[arg-type]
+        group_size=1,
+        max_new_tokens=4,
+        exact_behave_logp=exact_behave_logp,
+    )
 
 
 def test_prepare_proximal_on_policy_reuses_behaviour_stale_recomputes():
@@ -61,8 +67,7 @@ def test_prepare_proximal_of_an_inexact_engine_recomputes_and_logs_the_mismatch(
     batch = _batch([3, 3])
     assert exact.prepare_proximal(batch) == {} and exact.engine.forwards == 0
 
-    actor = _actor(3, m2_threshold=0.04)
-    actor.exact_behave_logp = False
+    actor = _actor(3, m2_threshold=0.04, exact_behave_logp=False)
     batch = _batch([3, 3])
     stats = actor.prepare_proximal(batch)
     assert actor.engine.forwards == 1

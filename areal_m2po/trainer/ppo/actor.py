@@ -10,7 +10,9 @@ Where the three log-probs of a generated token come from:
   update's own forward, detached, when one minibatch makes it the step-start policy and nothing
   reads them before: :meth:`PPOActor.prox_from_update`); with
   ``prox_logp_method=loglinear`` the loss interpolates between behaviour and current log-probs
-  by version instead (:meth:`PPOActor._proximal`).
+  by version instead (:meth:`PPOActor._proximal`). Which of these applies is decided once, at
+  construction, in the actor's :class:`~areal_m2po.trainer.ppo.plan.ActorPlan`
+  (:attr:`PPOActor.plan`), with the loss, the M2PO scope and the behaviour correction.
 * the current log-probs, from the forward pass of each micro-batch.
 
 M2PO compares behaviour with proximal, so it masks stale tokens with the clipped-PPO loss, the
@@ -46,9 +48,10 @@ from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
 from areal_m2po.trainer.ppo.loss_fn import (
     ActorLossFn,
     LossContext,
+    custom_loss_name,
     load_actor_loss_fn,
-    ppo_loss_spec,
 )
+from areal_m2po.trainer.ppo.plan import ActorPlan, resolve_actor_plan
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows
 
@@ -107,16 +110,17 @@ class PPOActor:
         has_critic: the batches carry the critic's ``values`` (critic.enabled): an unset
             ``adv_estimator`` then means gae, and gae reads them.
         phases: reports the ``m2po`` phase to step callbacks (none by default).
+        exact_behave_logp: whether the rollout engine's behaviour log-probs are the trainer's
+            own up to batching (``InferenceEngine.exact_logprobs``). When false, on-policy
+            batches get a proximal forward pass too, so the decoupled loss corrects the
+            engine's mismatch and ``rollout/logp_mismatch_*`` measures it.
+        prox_read_before_update: something besides the actor reads ``batch["prox_logp"]``
+            before the update (a teacher), so the proximal log-probs must come from a pass of
+            their own (:meth:`prox_from_update`).
 
     Attributes:
-        exact_behave_logp: whether the rollout engine's behaviour log-probs are the trainer's
-            own up to batching (``InferenceEngine.exact_logprobs``; the trainer sets it once
-            the engine is built). When false, on-policy batches get a proximal forward pass
-            too, so the decoupled loss corrects the engine's mismatch and
-            ``rollout/logp_mismatch_*`` measures it.
-        prox_read_before_update: something besides the actor reads ``batch["prox_logp"]``
-            before the update (the trainer sets it for a teacher), so the proximal log-probs
-            must come from a pass of their own (:meth:`prox_from_update`).
+        plan: every choice above and in ``config`` that shapes the update, resolved once
+            (:class:`~areal_m2po.trainer.ppo.plan.ActorPlan`); the methods read it.
     """
 
     def __init__(
@@ -130,13 +134,21 @@ class PPOActor:
         adv_estimator: AdvantageEstimator | None = None,
         has_critic: bool = False,
         phases: Phases | None = None,
+        exact_behave_logp: bool = True,
+        prox_read_before_update: bool = False,
     ) -> None:
         self.config = config
         self.engine = engine
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
-        self._loss_spec: tuple[ActorConfig, PPOLossSpec] | None = None
         self.loss_fn = loss_fn if loss_fn is not None else load_actor_loss_fn(config.loss_fn)
+        self.plan: ActorPlan = resolve_actor_plan(
+            config,
+            max_new_tokens,
+            custom_loss=custom_loss_name(self.loss_fn, config.loss_fn),
+            exact_behave_logp=exact_behave_logp,
+            prox_read_before_update=prox_read_before_update,
+        )
         self.has_critic = has_critic
         if adv_estimator is None:
             adv_estimator = load_adv_estimator(
@@ -146,18 +158,18 @@ class PPOActor:
         self.phases = phases if phases is not None else Phases()
         self._warned_no_m2po = False
         self._high_mask_streak = 0
-        self.exact_behave_logp = True
-        self.prox_read_before_update = False
         self._prox_from_update_now = False  # this step's proximal log-probs: the update's
 
     @property
-    def loss_spec(self) -> PPOLossSpec:
-        """The clipped-PPO loss options of ``self.config``, checked once per config object
-        (rebuilt if ``config`` is replaced); rejection sampling only with the decoupled loss."""
-        if self._loss_spec is None or self._loss_spec[0] is not self.config:
-            spec = ppo_loss_spec(self.config, self.max_new_tokens)
-            self._loss_spec = (self.config, spec)
-        return self._loss_spec[1]
+    def exact_behave_logp(self) -> bool:
+        """Whether the rollout engine's log-probs are the trainer's own (the plan's)."""
+        return self.plan.exact_behave_logp
+
+    @property
+    def loss_spec(self) -> PPOLossSpec | None:
+        """The clipped-PPO loss options (the plan's; None with SAPO); rejection sampling only
+        with the decoupled loss."""
+        return self.plan.ppo_spec
 
     def state_dict(self) -> dict[str, int | bool]:
         """The actor's own state besides its engine's (recover checkpoints): the run of steps
@@ -194,31 +206,30 @@ class PPOActor:
           log-probs per micro-batch (:meth:`_proximal`); without ``recompute_logprob``
           M2PO cannot mask anything (prox = behave), which is warned once.
         """
-        c = self.config
+        plan = self.plan
         behave = batch["behave_logp"]
         self._prox_from_update_now = False
-        if c.prox_logp_method == "recompute" and c.recompute_logprob:
+        if plan.prox_source == "recompute":
             current = batch["versions"][batch["loss_mask"]] == self.engine.version
-            on_policy = self.exact_behave_logp and bool(current.all())
+            on_policy = plan.prox_reuse_behave and bool(current.all())
             # one decision for all ranks (a sharded model's forward is a collective)
             votes = torch.tensor([float(not on_policy), float(bool(current.any()))])
             forward, any_current = dist.all_reduce_max(votes).tolist()
             if not forward:
                 batch["prox_logp"] = behave
                 return {}
-            if self.prox_from_update() and not any_current:
+            if plan.prox_from_update and not any_current:
                 batch.pop("prox_logp", None)
                 self._prox_from_update_now = True  # the update's forward gives them (_proximal)
                 return {}
             batch["prox_logp"] = self.compute_logp(batch)
             return self.logp_mismatch(batch, batch["prox_logp"])
         batch["prox_logp"] = behave
-        inert = c.prox_logp_method == "recompute" and c.m2_threshold is not None
-        if inert and not self._warned_no_m2po:
+        if plan.m2po_inert and not self._warned_no_m2po:
             logger.warning(
                 "M2PO is on (actor.m2_threshold=%s) but actor.recompute_logprob=false makes the "
                 "proximal log-probs equal the behaviour ones: M2PO cannot mask anything",
-                c.m2_threshold,
+                plan.m2_threshold,
             )
             self._warned_no_m2po = True
         return {}
@@ -230,15 +241,10 @@ class PPOActor:
         its log-probs are the proximal ones; it applies when nothing reads them before that
         forward: M2PO off or per micro-batch (``m2_scope=global`` masks the whole minibatch
         first), no KL reward on the proximal log-probs, no teacher
-        (:attr:`prox_read_before_update`). :meth:`prepare_proximal` also keeps the pass when
-        the batch holds tokens of the current version (its ``rollout/logp_mismatch_*``)."""
-        c = self.config
-        return (
-            c.ppo_n_minibatches == 1
-            and (c.m2_threshold is None or c.m2_scope == "microbatch")
-            and not (c.kl_ctl > 0 and c.kl_logp == "proximal")
-            and not self.prox_read_before_update
-        )
+        (``prox_read_before_update``). :meth:`prepare_proximal` also keeps the pass when
+        the batch holds tokens of the current version (its ``rollout/logp_mismatch_*``).
+        Decided at construction (:attr:`plan`)."""
+        return self.plan.prox_from_update
 
     def logp_mismatch(self, batch: Batch, trainer_logp: torch.Tensor) -> dict[str, float]:
         """The training-inference mismatch (:mod:`~areal_m2po.algo.logp_mismatch`) between
@@ -398,8 +404,7 @@ class PPOActor:
 
     def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
-        c = self.config
-        if c.prox_logp_method == "loglinear":
+        if self.plan.prox_source == "loglinear":
             behave = mb["behave_logp"]
             v_behave = mb["versions"].float()
             v_prox = float(self.engine.version)
@@ -416,11 +421,12 @@ class PPOActor:
         """With ``m2_scope=global``: set ``mb["m2po_mask"]`` (bool ``[b, T]``), the M2PO mask of
         this PPO minibatch taken over its tokens on all ranks, and return its ``m2po/*`` stats.
         Other settings: nothing to do here (empty stats)."""
-        c = self.config
-        if c.m2_threshold is None or c.m2_scope != "global":
+        plan = self.plan
+        if plan.m2po != "global":
             return {}
+        assert plan.m2_threshold is not None
         with self.phases("m2po"):
-            mb["m2po_mask"], stats = global_m2po_mask(mb, c.m2_threshold, c.m2_token_set)
+            mb["m2po_mask"], stats = global_m2po_mask(mb, plan.m2_threshold, plan.m2_token_set)
         return stats
 
     def _m2po_mask(
@@ -429,10 +435,11 @@ class PPOActor:
         """The M2PO keep mask of a micro-batch (None without M2PO) and the stats it adds: the
         minibatch's mask from :meth:`prepare_m2po` (``m2_scope=global``; its stats were taken
         there), or the rule over this micro-batch with ``prox`` (``m2_scope=microbatch``)."""
-        c = self.config
-        if c.m2_threshold is None:
+        plan = self.plan
+        if not plan.m2po_on:
             return None, {}
-        if c.m2_scope == "global":
+        assert plan.m2_threshold is not None
+        if plan.m2po == "global":
             if "m2po_mask" not in mb:
                 raise KeyError(
                     "m2_scope=global: the micro-batch has no 'm2po_mask'; "
@@ -444,9 +451,9 @@ class PPOActor:
                 mb["behave_logp"],
                 prox,
                 mb["loss_mask"],
-                c.m2_threshold,
+                plan.m2_threshold,
                 advantages=mb.get("advantages"),
-                token_set=c.m2_token_set,
+                token_set=plan.m2_token_set,
             )
 
     def _microbatch_loss(
@@ -462,8 +469,9 @@ class PPOActor:
         prepared["prox_logp"] = prox
         if m2po_mask is not None:
             prepared["m2po_mask"] = m2po_mask
-        spec = None if self.config.use_sapo_loss else self.loss_spec
-        ctx = LossContext(self.config, self.max_new_tokens, step_in_update, spec)
+        ctx = LossContext(
+            self.config, self.max_new_tokens, step_in_update, self.plan.ppo_spec, self.plan
+        )
         loss, loss_stats = self.loss_fn(logp, entropy, prepared, ctx)
         stats.update(loss_stats)
         stats["actor/loss"] = loss.detach()
@@ -499,7 +507,7 @@ class PPOActor:
             )
             # a micro-batch-scoped M2PO statistic is taken over the rows the micro-batch holds,
             # so rows may only be skipped when the mask was fixed over the whole minibatch
-            m2_needs_all_rows = c.m2_threshold is not None and c.m2_scope == "microbatch"
+            m2_needs_all_rows = self.plan.m2po == "microbatch"
             if c.skip_zero_adv_seqs and not m2_needs_all_rows:
                 nonzero = ((mb["advantages"] != 0) & mb["loss_mask"]).any(-1)
                 # set on every rank (summed over ranks below), so all ranks hold the same keys
@@ -547,7 +555,7 @@ class PPOActor:
                 "M2PO masked %.0f%% of the tokens: actor.m2_threshold=%s is too low for these "
                 "rollouts; raise it (the paper uses 0.04)",
                 100 * frac,
-                c.m2_threshold,
+                self.plan.m2_threshold,
             )
         if frac > c.m2_warn_masked_fraction:
             self._high_mask_streak += 1
@@ -558,7 +566,7 @@ class PPOActor:
                     "rollout.staleness",
                     100 * c.m2_warn_masked_fraction,
                     100 * frac,
-                    c.m2_threshold,
+                    self.plan.m2_threshold,
                 )
         else:
             self._high_mask_streak = 0

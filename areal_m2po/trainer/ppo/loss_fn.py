@@ -23,14 +23,15 @@ import torch
 
 from areal_m2po.algo.cispo_loss import cispo_loss
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
-from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.algo.sapo_loss import sapo_loss
 from areal_m2po.api.cli_args import ActorConfig
+from areal_m2po.trainer.ppo.plan import ActorPlan, ppo_loss_spec, resolve_actor_plan
 from areal_m2po.utils.imports import load_object
 
 __all__ = [
     "ActorLossFn",
     "LossContext",
+    "custom_loss_name",
     "library_actor_loss",
     "load_actor_loss_fn",
     "ppo_loss_spec",
@@ -50,12 +51,15 @@ class LossContext:
         step_in_update: index of the PPO minibatch within this training step (0-based).
         ppo_spec: the clipped-PPO options of ``config``, checked once
             (:func:`ppo_loss_spec`); None: built from ``config`` when needed.
+        plan: the actor's choices (:class:`~areal_m2po.trainer.ppo.plan.ActorPlan`: which
+            library loss, which behaviour correction); None: resolved from ``config``.
     """
 
     config: ActorConfig
     max_new_tokens: int
     step_in_update: int = 0
     ppo_spec: PPOLossSpec | None = None
+    plan: ActorPlan | None = None
 
 
 class ActorLossFn(Protocol):
@@ -102,13 +106,15 @@ def library_actor_loss(
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The library's loss (:class:`ActorLossFn`): SAPO with ``use_sapo_loss``, CISPO with
-    ``use_cispo_loss``, else the clipped PPO loss (decoupled, dual-clip, rejection sampling,
-    GSPO as configured), M2PO-masked. CISPO takes the behaviour weight as the PPO loss does."""
+    """The library's loss (:class:`ActorLossFn`) the plan names (:attr:`ActorPlan.loss`): SAPO
+    with ``use_sapo_loss``, CISPO with ``use_cispo_loss``, else the clipped PPO loss
+    (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked. CISPO takes
+    the behaviour weight as the PPO loss does (:attr:`ActorPlan.correction`)."""
     c = ctx.config
+    plan = ctx.plan if ctx.plan is not None else resolve_actor_plan(c, ctx.max_new_tokens)
     prox = batch["prox_logp"]
     m2po_mask = batch.get("m2po_mask")
-    if c.use_sapo_loss:
+    if plan.loss == "sapo":
         return sapo_loss(
             logp=logp,
             prox_logp=prox,
@@ -120,36 +126,17 @@ def library_actor_loss(
             loss_agg_mode=c.loss_agg_mode,
             max_tokens_norm=ctx.max_new_tokens,
         )
-    spec = ctx.ppo_spec or ppo_loss_spec(c, ctx.max_new_tokens)
+    spec = ctx.ppo_spec or plan.ppo_spec or ppo_loss_spec(c, ctx.max_new_tokens)
     # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
     # log-probs makes the weight 1
-    weighted = c.use_decoupled_loss and c.use_behave_imp_weight
-    behave = batch["behave_logp"] if weighted else prox
-    if c.use_cispo_loss:
+    behave = batch["behave_logp"] if plan.correction != "none" else prox
+    if plan.loss == "cispo":
         return cispo_loss(
             logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
         )
     return ppo_actor_loss(
         logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
-    )
-
-
-def ppo_loss_spec(config: ActorConfig, max_new_tokens: int | None) -> PPOLossSpec:
-    """The clipped-PPO loss options of an actor section, unpacked into plain values (the maths
-    takes no config object); rejection sampling only applies with the decoupled loss. ``max_new_tokens`` is the Dr. GRPO normaliser (the generation budget).
-    """
-    rs = config.rejection_sampling if config.use_decoupled_loss else None
-    return PPOLossSpec(
-        eps_clip=config.eps_clip,
-        eps_clip_higher=config.eps_clip_higher,
-        c_clip=config.c_clip,
-        rejection_sampling=None
-        if rs is None
-        else RejectionSampling(rs.level, rs.action, rs.metric, rs.agg, rs.upper, rs.lower),
-        importance_sampling_level=config.importance_sampling_level,
-        loss_agg_mode=config.loss_agg_mode,
-        max_tokens_norm=max_new_tokens,
     )
 
 
@@ -163,3 +150,14 @@ def load_actor_loss_fn(spec: str | None) -> ActorLossFn:
         return library_actor_loss
     fn: ActorLossFn = load_object(spec, "actor.loss_fn")
     return fn
+
+
+def custom_loss_name(loss_fn: ActorLossFn, configured: str | None) -> str | None:
+    """A custom loss's name for the actor's plan: ``actor.loss_fn``'s dotted path, else the
+    loss object's ``module:qualname``; None for :func:`library_actor_loss`."""
+    if loss_fn is library_actor_loss:
+        return None
+    if configured is not None:
+        return configured
+    name = getattr(loss_fn, "__qualname__", None) or type(loss_fn).__qualname__
+    return f"{getattr(loss_fn, '__module__', '?')}:{name}"
