@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import traceback
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,16 +33,34 @@ FAKE_DEVICE = "fakegpu"
 
 
 def register_fake_backend() -> None:
-    """Make :data:`FAKE_DEVICE` a device type (once per process; skips the test when another
-    backend already took ``privateuseone``)."""
+    """Make :data:`FAKE_DEVICE` a device type, not reported as an available accelerator (once
+    per process, and only in a process started for it: tests/unit/test_fake_device.py)."""
+    from torch.utils import backend_registration as reg
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     name = torch._C._get_privateuse1_backend_name()
     if name == FAKE_DEVICE:
         return
+    if os.environ.get("AREAL_M2PO_FAKE_DEVICE") != "1":
+        raise RuntimeError(
+            "the fake device renames privateuseone for the whole process: run its tests "
+            "through tests/unit/test_fake_device.py (a child process, AREAL_M2PO_FAKE_DEVICE=1)"
+        )
     if name != "privateuseone":
-        pytest.skip(f"privateuseone is already the {name!r} backend in this process")
-    _setup_privateuseone_for_python_backend(FAKE_DEVICE)
+        raise RuntimeError(f"privateuseone is already the {name!r} backend in this process")
+
+    class _Module(reg._DummyBackendModule):  # registered, but not an available accelerator
+        def is_available(self) -> bool:
+            return False
+
+        def device_count(self) -> int:
+            return 0
+
+    class _Hooks(reg._DummyPrivateUse1Hook):
+        def is_available(self) -> bool:
+            return False
+
+    _setup_privateuseone_for_python_backend(FAKE_DEVICE, backend_module=_Module(), hook=_Hooks())
 
 
 def _via_host(make: Any) -> Any:
@@ -69,16 +90,27 @@ def _zeros_list(shape: tuple[Any, ...]) -> Any:
 
 class HostReads:
     """The data-dependent reads (host syncs on a GPU) made under :func:`fake_device`: each
-    returns a placeholder (``bool`` True, False for an ``any()``: the no-error branch, ``int`` 0, ``float`` 0.0, ``tolist`` zeros), so the
-    code runs on down one branch instead of stopping; ``count`` says how many there were."""
+    returns a placeholder (``bool`` True, False for an ``any()``: the no-error branch, ``int`` 0, ``float`` 0.0, ``item`` 1 (an optimizer's step count), ``tolist`` zeros), so the
+    code runs on down one branch instead of stopping; ``count`` says how many were reads of a
+    device tensor (a GPU's host syncs) and ``where`` where they were."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.where: Counter[str] = Counter()  # "file:line" of the read's innermost package frame
+
+    def _record(self) -> None:
+        self.count += 1
+        for frame in traceback.extract_stack()[::-1]:
+            if "/areal_m2po/" in frame.filename or "/torch/optim/" in frame.filename:
+                self.where[f"{frame.filename.split('/')[-1]}:{frame.lineno}"] += 1
+                return
+        self.where["elsewhere"] += 1
 
     def patch(self, patch: pytest.MonkeyPatch) -> None:
         def read(value: Any) -> Any:
             def method(t: torch.Tensor, *args: Any, **kw: Any) -> Any:
-                self.count += 1
+                if t.device.type != "cpu":  # a host tensor's read is no device sync
+                    self._record()
                 return value(t) if callable(value) else value
 
             return method
@@ -93,7 +125,7 @@ class HostReads:
         patch.setattr(FakeTensor, "__int__", read(0))
         patch.setattr(FakeTensor, "__index__", read(0))
         patch.setattr(FakeTensor, "__float__", read(0.0))
-        patch.setattr(FakeTensor, "item", read(lambda t: True if t.dtype == torch.bool else 0))
+        patch.setattr(FakeTensor, "item", read(lambda t: True if t.dtype == torch.bool else 1))
         patch.setattr(FakeTensor, "tolist", read(lambda t: _zeros_list(t.shape)))
 
 
@@ -140,3 +172,13 @@ def assert_on(device: torch.device, x: Any, what: str = "output") -> None:
     assert found, f"{what}: no tensor"
     wrong = [f"{what}{p}: {t.device}" for p, t in found if t.device != device]
     assert not wrong, "tensors off the device: " + ", ".join(wrong)
+
+
+def module_to_fake(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``module``'s real parameters and buffers as fake tensors on ``device`` (call inside
+    :func:`fake_device`; the module is changed in place and returned)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode()
+    assert mode is not None, "module_to_fake runs inside fake_device()"
+    return module._apply(lambda t: mode.from_tensor(t).to(device))

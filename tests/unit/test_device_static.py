@@ -1,7 +1,7 @@
 """Where fake tensors cannot go, a static check: every tensor the package builds from scratch
 (``torch.tensor``, ``torch.zeros``, ``torch.arange``, ...) names its ``device=``, or sits on
 :data:`HOST_TENSORS` with the reason it belongs on the host. A new constructor without a device
-fails here until it gets one or a reason (tests/unit/test_fake_device_algo.py runs the code
+fails here until it gets one or a reason (tests/unit/fake_algo_cases.py runs the code
 fake tensors can run on a fake accelerator)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ HOST_TENSORS: dict[str, tuple[int, str]] = {
     "rollout/engines/hf_generator.py": (3, "left-padded host prompts, moved with .to(device)"),
     "rollout/rewards.py": (2, _HOST_STAT + " (rewards of the host batch)"),
     "engine/packing_check.py": (1, _COMM),
-    "engine/train_engine.py": (6, _COMM + " (" + _SYNC + "); " + _HOST_OUT + "; " + _HOST_STAT),
+    "engine/train_engine.py": (4, _COMM + " (" + _SYNC + "); " + _HOST_OUT + "; " + _HOST_STAT),
     "engine/shared_prefix.py": (1, _HOST_IDX),
     "engine/precision.py": (1, _COMM),
     "engine/packing.py": (13, "a layout from host Python lists (the micro-batch's device follows)"),

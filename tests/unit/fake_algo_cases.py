@@ -1,4 +1,5 @@
-"""Every ``algo/`` function on a fake accelerator (tests/support/fake_device.py): inputs live on
+"""Run by tests/unit/test_fake_device.py in a process of its own. Every ``algo/`` function on a
+fake accelerator (tests/support/fake_device.py): inputs live on
 the fake device, so a tensor the code makes on the CPU and mixes in raises
 ``FakeTensorDeviceMismatchError``, and every output must come back on the inputs' device.
 Values are not computed (fake tensors have none); the CPU tests check the numbers."""
