@@ -135,3 +135,39 @@ def test_engine_forward_tokens_keeps_a_device_batch_on_the_device(monkeypatch):
         monkeypatch.setattr(HFTrainEngine, "device", property(lambda self: dev))
         logp, ent = engine.forward_tokens(_batch(dev), temperature=1.0, compute_entropy=True)
         assert_on(dev, (logp, ent))
+
+
+def test_batch_builder_makes_one_host_batch_that_moves(monkeypatch):
+    """``groups_to_batch`` builds the batch on the host from Python lists (the engine moves
+    micro-batches), all of it on one device, and every tensor of it moves to the device."""
+    from areal_m2po.api.workflow_api import Trajectory, TrajectoryGroup
+    from areal_m2po.rollout.batch_builder import groups_to_batch
+
+    def traj(n_prompt: int, n_gen: int) -> Trajectory:
+        t = n_prompt + n_gen
+        mask = [False] * n_prompt + [True] * n_gen
+        return Trajectory(
+            input_ids=list(range(1, t + 1)),
+            loss_mask=mask,
+            logprobs=[-0.5 if m else 0.0 for m in mask],
+            versions=[0 if m else -1 for m in mask],
+            prompt_len=n_prompt,
+            reward=1.0,
+        )
+
+    groups = [TrajectoryGroup([traj(2, 3), traj(2, 1)]), TrajectoryGroup([traj(3, 2), traj(3, 2)])]
+    with fake_device(monkeypatch, HostReads()) as dev:
+        batch = groups_to_batch(groups, pad_id=0)
+        assert_on(torch.device("cpu"), batch, "host batch")
+        assert_on(dev, {k: v.to(dev) for k, v in batch.items()}, "moved batch")
+
+
+def test_shared_prefix_index_on_the_device(monkeypatch):
+    """The shared-prefix prompt index of a batch on the device stays on it (ea65b23)."""
+    from areal_m2po.engine.shared_prefix import prompt_index
+
+    monkeypatch.setattr("areal_m2po.engine.shared_prefix.completion_start", lambda mb: P)
+    with fake_device(monkeypatch, HostReads()) as dev:
+        found = prompt_index(_batch(dev))
+        assert found is not None and found[0] == P
+        assert_on(dev, found[1], "prompt_of_row")
