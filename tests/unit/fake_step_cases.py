@@ -65,7 +65,8 @@ LOSSES = {
 def test_actor_microbatch_loss(monkeypatch, name):
     """The actor's micro-batch loss of every loss choice, and its gradient, on the device."""
     actor = tiny_actor(GROUP, C, **LOSSES[name])
-    with fake_device(monkeypatch, HostReads()) as dev:
+    reads = HostReads()
+    with fake_device(monkeypatch, reads) as dev:
         mb = _batch(dev)
         if name.startswith("m2po"):
             mb["m2po_mask"] = torch.ones(B, P + C, dtype=torch.bool, device=dev)
@@ -75,6 +76,7 @@ def test_actor_microbatch_loss(monkeypatch, name):
         assert_on(dev, stats, "stats")
         loss.backward()
         assert_on(dev, logp.grad, "d loss / d logp")
+    assert reads.count == 0, f"host syncs in the micro-batch loss: {dict(reads.where)}"
 
 
 def test_training_step(monkeypatch):

@@ -32,3 +32,18 @@ def test_loss_extrema_without_a_valid_token_are_zero():
     for key in ("importance_weight_max", "importance_weight_min", "behave_imp_weight_max"):
         assert stats[f"actor/{key}"].item() == 0.0
         assert stats[f"actor/{key}"].dtype == torch.float32
+
+
+def test_sapo_gate_min_is_the_valid_tokens_minimum():
+    from areal_m2po.algo.sapo_loss import sapo_loss, sapo_token_terms
+
+    g = torch.Generator().manual_seed(5)
+    logp, prox, adv = (torch.randn(3, 5, generator=g) * 0.4 for _ in range(3))
+    for rows in (2, 0):
+        mask = torch.zeros(3, 5, dtype=torch.bool)
+        mask[:rows, 1:4] = True
+        args = (logp, prox, adv, 1.0, 1.05, mask, None, "token-mean")
+        _, stats = sapo_loss(*args)
+        gate = sapo_token_terms(*args).gate
+        want = gate[mask].min().float().item() if rows else 0.0
+        assert stats["sapo/gate_min"].item() == want
