@@ -8,6 +8,10 @@ mixes, as on a GPU). The fake device is PyTorch's ``privateuseone`` backend rena
 ``x[idx] = v``) asks for a CUDA device guard that does not exist, so a fake ``"cuda"`` tensor
 cannot even be sliced; ``privateuseone`` takes a Python device guard.
 
+One thing fake tensors let through that a GPU refuses: a 0-dim CPU tensor passes every device
+check, also in ``torch.stack``/``torch.cat`` (a GPU takes it in elementwise operations only);
+the static check catches those constructors.
+
 Two things fake tensors cannot do, so the package's code that needs them is checked statically
 (tests/unit/test_device_static.py): read a value (``.item()``, ``float(t)``, ``bool(t)``,
 ``.tolist()`` raise ``DataDependentOutputException``) and produce a data-dependent shape

@@ -173,3 +173,15 @@ def test_shared_prefix_index_on_the_device(monkeypatch):
         found = prompt_index(_batch(dev))
         assert found is not None and found[0] == P
         assert_on(dev, found[1], "prompt_of_row")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_pp"])
+def test_actor_advantages_of_a_device_batch(monkeypatch, estimator):
+    """``PPOActor.compute_advantages`` keeps a batch that lives on the device there (GAE's
+    column loop is data-dependent: fake_algo_cases.DATA_DEPENDENT)."""
+    norm = {} if estimator == "grpo" else {"adv_norm": None}  # the others bring their own
+    actor = tiny_actor(GROUP, C, adv_estimator=estimator, **norm)
+    with fake_device(monkeypatch, HostReads()) as dev:
+        batch = _batch(dev)
+        actor.compute_advantages(batch)
+        assert_on(dev, batch, "batch with advantages")

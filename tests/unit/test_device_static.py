@@ -45,7 +45,7 @@ HOST_TENSORS: dict[str, tuple[int, str]] = {
     "engine/precision.py": (1, _COMM),
     "engine/packing.py": (13, "a layout from host Python lists (the micro-batch's device follows)"),
     "engine/step_stats.py": (1, _COMM),
-    "reward/reward_model.py": (8, "host batches of token lists and host scores"),
+    "reward/reward_model.py": (7, "host batches of token lists and host scores"),
     "utils/data.py": (2, _HOST_IDX),
     "dataset/sft.py": (7, _HOST_BATCH),
 }
