@@ -12,10 +12,13 @@ One thing fake tensors let through that a GPU refuses: a 0-dim CPU tensor passes
 check, also in ``torch.stack``/``torch.cat`` (a GPU takes it in elementwise operations only);
 the static check catches those constructors.
 
-Two things fake tensors cannot do, so the package's code that needs them is checked statically
-(tests/unit/test_device_static.py): read a value (``.item()``, ``float(t)``, ``bool(t)``,
-``.tolist()`` raise ``DataDependentOutputException``) and produce a data-dependent shape
-(``nonzero``, boolean-mask indexing, ``unique`` raise ``DynamicOutputShapeException``).
+Reading a value (``.item()``, ``float(t)``, ``bool(t)``, ``.tolist()``) raises
+``DataDependentOutputException`` under fake tensors; :class:`HostReads` answers them with
+placeholders instead, so the code runs on down one branch, and counts them (on a GPU each is a
+host sync). A shape that depends on values (``nonzero``, boolean-mask indexing, ``unique``) is
+symbolic (a ``ShapeEnv``), but control flow on it (``if x[mask].numel():``) cannot go on: that
+code is listed in fake_algo_cases.DATA_DEPENDENT and checked statically
+(tests/unit/test_device_static.py) and by its CPU tests.
 """
 
 from __future__ import annotations
@@ -93,10 +96,11 @@ def _zeros_list(shape: tuple[Any, ...]) -> Any:
 
 
 class HostReads:
-    """The data-dependent reads (host syncs on a GPU) made under :func:`fake_device`: each
-    returns a placeholder (``bool`` True, False for an ``any()``: the no-error branch, ``int`` 0, ``float`` 0.0, ``item`` 1 (an optimizer's step count), ``tolist`` zeros), so the
-    code runs on down one branch instead of stopping; ``count`` says how many were reads of a
-    device tensor (a GPU's host syncs) and ``where`` where they were."""
+    """The data-dependent reads made under :func:`fake_device`. Each returns a placeholder, so
+    the code runs on down one branch instead of stopping: ``bool`` True (False for an
+    ``any()``: the no-error branch of a check), ``int`` 0, ``float`` 0.0, ``item`` 1 (an
+    optimizer's step count), ``tolist`` zeros. ``count`` says how many were reads of a device
+    tensor (a GPU's host syncs) and ``where`` where they were."""
 
     def __init__(self) -> None:
         self.count = 0
