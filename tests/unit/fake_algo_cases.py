@@ -50,6 +50,7 @@ DATA_DEPENDENT = {
     "data-dependent length, and an empty selection returns early",
     "advantages.gae_advantages": "loops over the columns holding a loss token (nonzero)",
     "logp_mismatch.mismatch_partials": "x[mask] and its emptiness decide the max",
+    "trainer/rollout_stats.filter_groups": "keeps the nonzero() groups, or the first if none",
 }
 """Functions fake tensors cannot run (a data-dependent shape guards control flow); their tensor
 construction is checked statically by tests/unit/test_device_static.py and their values by

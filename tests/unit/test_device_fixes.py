@@ -47,3 +47,35 @@ def test_sapo_gate_min_is_the_valid_tokens_minimum():
         gate = sapo_token_terms(*args).gate
         want = gate[mask].min().float().item() if rows else 0.0
         assert stats["sapo/gate_min"].item() == want
+
+
+def test_filter_groups_keeps_the_informative_groups():
+    """Rows of the groups whose rewards differ, indices built on the rewards' device; the first
+    group when none differs."""
+    from areal_m2po.trainer.rollout_stats import filter_groups
+
+    batch = {
+        "rewards": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+        "ids": torch.arange(8),
+    }
+    kept, dropped = filter_groups(batch, 2)
+    assert kept["ids"].tolist() == [2, 3, 6, 7] and dropped == 0.5
+    same = {"rewards": torch.ones(4), "ids": torch.arange(4)}
+    kept, dropped = filter_groups(same, 2)
+    assert kept["ids"].tolist() == [0, 1] and dropped == 1.0
+
+
+def test_rollout_stats_sums_and_counts():
+    from areal_m2po.trainer.rollout_stats import rollout_stats
+
+    mask = torch.tensor([[False, True, True], [False, True, False]])
+    batch = {
+        "rewards": torch.tensor([1.0, 3.0]),
+        "loss_mask": mask,
+        "versions": torch.where(mask, 4, -1),
+        "no_eos": torch.tensor([True, False]),
+    }
+    stats = rollout_stats(batch, {}, version=5)
+    assert stats["reward/mean"] == 2.0 and stats["reward/std"] == 1.0
+    assert stats["rollout/gen_len_mean"] == 1.5 and stats["rollout/no_eos_fraction"] == 0.5
+    assert stats["rollout/staleness"] == 1.0

@@ -34,7 +34,7 @@ HOST_TENSORS: dict[str, tuple[int, str]] = {
     "trainer/sft_trainer.py": (1, _COMM),
     "trainer/ppo/critic.py": (2, _COMM + "; " + _HOST_IDX),
     "trainer/ppo/actor.py": (7, _COMM + " (" + _SYNC + "); " + _HOST_IDX),
-    "trainer/rollout_stats.py": (6, _COMM + "; " + _HOST_IDX),
+    "trainer/rollout_stats.py": (2, _COMM),
     "trainer/dpo_trainer.py": (2, _COMM + "; an empty host result"),
     "rollout/batch_builder.py": (11, _HOST_BATCH),
     "rollout/engines/hf_generator.py": (3, "left-padded host prompts, moved with .to(device)"),
