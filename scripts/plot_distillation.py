@@ -1,6 +1,6 @@
 """Plot on-policy distillation against RL from the task reward, from two runs' metrics.jsonl:
 
-    python scripts/plot_distillation.py RL_RUN_DIR DISTILL_RUN_DIR --out docs/distillation.png
+    python scripts/plot_distillation.py RL_RUN_DIR DISTILL_RUN_DIR --out docs/figures/distillation.png
 
 Three panels against the training step: held-out greedy accuracy (``eval/accuracy``, with its
 standard error when logged) of both runs, their mean training reward (``reward/mean``), and the

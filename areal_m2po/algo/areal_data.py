@@ -69,13 +69,16 @@ def pad_sequences_to_tensors(
     if not sequence_list:
         return {}
     width = max(len(seq) for item in sequence_list for seq in item.values())
+    tensors = [v for item in sequence_list for v in item.values() if isinstance(v, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")  # lists: the CPU
     out: dict[str, Any] = {}
     for key in sequence_list[0]:
-        rows = [torch.as_tensor(item[key]) for item in sequence_list]
+        rows = [torch.as_tensor(item[key], device=device) for item in sequence_list]
         padded = [torch.nn.functional.pad(r, (0, width - len(r)), value=pad_value) for r in rows]
         out[key] = torch.stack(padded)
     lengths = [len(next(iter(item.values()))) for item in sequence_list]
-    out["attention_mask"] = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    positions = torch.arange(width, device=device)
+    out["attention_mask"] = positions[None, :] < torch.tensor(lengths, device=device)[:, None]
     return out
 
 

@@ -51,8 +51,9 @@ def mismatch_partials(
     trainer = trainer_logp.detach().double()[mask]
     gap = (behave - trainer).abs()
     k3 = kl_estimate(behave, trainer, "k3")
-    sums = torch.stack([gap.sum(), k3.sum(), torch.tensor(float(gap.numel()), dtype=torch.float64)])
-    top = gap.max() if gap.numel() else torch.tensor(0.0, dtype=torch.float64)
+    count = torch.tensor(float(gap.numel()), dtype=torch.float64, device=gap.device)
+    sums = torch.stack([gap.sum(), k3.sum(), count])
+    top = gap.max() if gap.numel() else gap.new_zeros(())
     return sums, top.reshape(1)
 
 

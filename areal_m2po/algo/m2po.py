@@ -187,7 +187,9 @@ def m2po_stats(
         "m2po/masked_fraction": n_masked / n_valid.clamp(min=1),
         "m2po/m2_before": m2_64[loss_mask].mean().nan_to_num(),
         "m2po/m2_after": m2_64[kept].mean().nan_to_num(),
-        "m2po/threshold": torch.tensor(check_m2_threshold(m2_threshold), dtype=torch.float64),
+        "m2po/threshold": torch.tensor(
+            check_m2_threshold(m2_threshold), dtype=torch.float64, device=m2.device
+        ),
         "m2po/n_masked": n_masked,
         "m2po/n_valid": n_valid,
     }

@@ -171,15 +171,17 @@ def policy_loss_stats(loss: torch.Tensor, terms: PolicyLossTerms) -> dict[str, t
     dev = loss.device
     valid = terms.valid
     n_valid = valid.sum().clamp(min=1)
-    has_valid = bool(valid.any())
+    has_valid = valid.any()  # a tensor: no host sync per micro-batch
 
     def _mean(x: torch.Tensor) -> torch.Tensor:
         return stat_scalar(masked_sum(x.to(torch.float64), valid) / n_valid, dev)
 
     def _ext(x: torch.Tensor, fn: str) -> torch.Tensor:
-        if not has_valid:
-            return stat_scalar(0.0, dev)
-        return stat_scalar(getattr(x[valid], fn)(), dev)
+        """max/min of ``x`` over the valid tokens (0 without one): the others filled with the
+        extremum's identity, so the shape stays fixed and nothing is read on the host."""
+        fill = float("-inf") if fn == "max" else float("inf")
+        ext = getattr(x.masked_fill(~valid, fill), fn)()
+        return stat_scalar(torch.where(has_valid, ext, torch.zeros_like(ext)), dev)
 
     def _frac(m: torch.Tensor) -> torch.Tensor:
         return stat_scalar(m.sum() / n_valid, dev)

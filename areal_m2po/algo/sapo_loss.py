@@ -143,9 +143,12 @@ def sapo_loss(
         dev = logp.device
         n_valid = valid.sum().clamp(min=1)
         gate = terms.gate
+        # the valid tokens' minimum (0 without one), with no host sync: the others filled
+        gate_min = gate.masked_fill(~valid, float("inf")).min()
+        gate_min = torch.where(valid.any(), gate_min, torch.zeros_like(gate_min))
         stats = {
             "sapo/gate_mean": stat_scalar(masked_sum(gate, valid) / n_valid, dev),
-            "sapo/gate_min": stat_scalar(gate[valid].min() if bool(valid.any()) else 0.0, dev),
+            "sapo/gate_min": stat_scalar(gate_min, dev),
             "sapo/soft_gate_fraction": stat_scalar((valid & (gate < 0.5)).sum() / n_valid, dev),
             "actor/importance_weight": stat_scalar(masked_sum(terms.ratio, valid) / n_valid, dev),
             "actor/approx_kl": stat_scalar(masked_sum(terms.approx_kl, valid) / n_valid, dev),

@@ -262,16 +262,17 @@ class HFTrainEngine:
         first = select_rows(batch, idx_list[0]) if idx_list else None
         self.checks.check_packing_on_all_ranks(self.model, first, batch, temperature)
         b, t = batch["input_ids"].shape
-        logp = torch.zeros(b, t, dtype=torch.float32)
-        ent = torch.zeros(b, t, dtype=torch.float32)
+        home = batch["input_ids"].device  # the results stay where the batch is
+        logp = torch.zeros(b, t, dtype=torch.float32, device=home)
+        ent = torch.zeros(b, t, dtype=torch.float32, device=home)
         # agreed before any forward: a sharded forward is a collective, so a rank must not
         # reach the agreement while another runs its extra forwards
         n_idle = self._idle_micro_batches(len(idx_list))
         for idx in idx_list:
-            mb = {k: v.index_select(0, idx).to(self.device) for k, v in batch.items()}
+            mb = {k: v.index_select(0, idx.to(v.device)).to(self.device) for k, v in batch.items()}
             mb_logp, mb_ent = forward(mb, temperature, compute_entropy)
-            logp[idx] = mb_logp.cpu()
-            ent[idx] = mb_ent.cpu()
+            logp[idx.to(home)] = mb_logp.to(home)
+            ent[idx.to(home)] = mb_ent.to(home)
         for _ in range(n_idle):
             fsdp.idle_forward(self.model, self.device)
         return logp, ent

@@ -279,7 +279,7 @@ def _score_stats(raw: torch.Tensor, verifiable: torch.Tensor) -> dict[str, float
     x, y = raw.double(), verifiable.double()
     local = torch.stack(
         [
-            torch.tensor(float(x.numel()), dtype=torch.float64),
+            torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
             x.sum(),
             y.sum(),
             (x * x).sum(),

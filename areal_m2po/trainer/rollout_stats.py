@@ -41,8 +41,8 @@ def rollout_stats(batch: Batch, info: dict[str, float], version: int) -> dict[st
             (rewards**2).sum(),
             gen_len.sum(),
             batch["no_eos"].float().sum(),
-            torch.tensor(float(rewards.numel())),
-            *(torch.tensor(stats.get(k, 0.0)) for k in REWARD_COUNTS),
+            torch.tensor(float(rewards.numel()), device=rewards.device),
+            *(torch.tensor(stats.get(k, 0.0), device=rewards.device) for k in REWARD_COUNTS),
         ]
     )
     tot = dist.all_reduce_sum(local.double())
@@ -118,6 +118,6 @@ def filter_groups(batch: Batch, group_size: int) -> tuple[Batch, float]:
         return batch, 0.0
     keep = torch.nonzero(informative).flatten()
     if keep.numel() == 0:
-        keep = torch.tensor([0])
-    rows = (keep[:, None] * group_size + torch.arange(group_size)).flatten()
+        keep = torch.tensor([0], device=r.device)
+    rows = (keep[:, None] * group_size + torch.arange(group_size, device=r.device)).flatten()
     return select_rows(batch, rows), 1.0 - float(informative.sum()) / n_groups

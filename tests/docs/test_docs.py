@@ -222,6 +222,23 @@ def test_relative_links_resolve(doc):
         assert (path.parent / file).exists(), f"{doc}: broken link {target}"
 
 
+def test_docs_hold_pages_and_the_figures_they_show():
+    """docs/ is the product's pages and the figures they show; run artefacts (metrics, configs,
+    CSVs, run folders) live under research/runs/."""
+    pages = "\n".join((DOCS / name).read_text(encoding="utf-8") for name in _docs_pages())
+    for path in sorted(p for p in DOCS.rglob("*") if p.is_file()):
+        rel = path.relative_to(DOCS).as_posix()
+        if path.suffix == ".md":
+            assert "/" not in rel, f"docs/{rel}: pages sit at the top of docs/"
+            continue
+        assert rel.startswith("figures/") and path.suffix == ".png", f"docs/{rel}: a run artefact"
+        assert f"]({rel})" in pages, f"docs/{rel}: no page shows it"
+
+
+def _docs_pages() -> list[str]:
+    return sorted(p.name for p in DOCS.glob("*.md"))
+
+
 def test_readme_links_the_docs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for name in ("m2po.md", "configuration.md", "scaling.md"):

@@ -26,9 +26,11 @@ from areal_m2po.api.cli_args import ActorConfig, RolloutConfig
 __all__ = ["NO_CLIP_RANGE", "max_lag", "trust_region_warnings"]
 
 NO_CLIP_RANGE = 100.0
-"""A clip range at least this wide on both sides is read as "no clip" (the stale-data study
-writes ``eps_clip: 1.0e6``): the lower bound ``1 - eps_clip`` is then at or below 0, which no
-ratio reaches, and the upper one is a log-ratio of 4.6 or more."""
+"""A clip range at least this wide on both sides is read as "no clip", the way to switch the
+clip off by config: the lower bound ``1 - eps_clip`` is then at or below 0, which no ratio (a
+positive number) reaches, and the upper bound ``1 + eps_clip`` is a ratio of 101 or more (a
+log-ratio of 4.6), a hundredfold probability gain that one optimizer step does not make, so
+the clip never binds; any narrower range can act and is reported as a clip."""
 
 
 def max_lag(rollout: RolloutConfig) -> int:
