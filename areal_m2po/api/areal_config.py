@@ -24,7 +24,7 @@ and after it is merged and its ``${...}`` interpolations resolved (:func:`transl
 
 A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
 ``init_from_scratch: true``, Megatron) is a one-line :class:`ConfigError` naming the key. The
-module works on plain dicts; it imports only :mod:`areal_m2po.api.cli_args`.
+module works on plain dicts; it imports only :mod:`areal_m2po.api.errors`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 
 __all__ = [
     "AREAL_DEFAULTS",

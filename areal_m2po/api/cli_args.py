@@ -33,6 +33,7 @@ from areal_m2po.algo.options import (
     REJECTION_METRICS,
     rejection_sampling_problem,
 )
+from areal_m2po.api.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -74,19 +75,6 @@ _Options = TypeVar("_Options")
 
 SERVER_API_KEY_ENV = "AREAL_M2PO_SERVER_API_KEY"
 """The environment variable holding the rollout servers' API key (``rollout.server_api_key``)."""
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. ``key`` is the dotted name of the culprit field."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        self.detail = message
-        super().__init__(f"{key}: {message}")
-
-    def with_prefix(self, prefix: str) -> ConfigError:
-        """The same error with the key qualified by its section, e.g. ``actor.eps_clip``."""
-        return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.detail)
 
 
 def _field(

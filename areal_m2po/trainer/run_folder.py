@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 from areal_m2po.utils import recover
 
 __all__ = ["check_output_dir", "previous_run"]

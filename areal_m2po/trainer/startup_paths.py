@@ -1,5 +1,5 @@
 """Start-up checks of the paths a run's config names, before any model loads: one
-:class:`~areal_m2po.api.cli_args.ConfigError` line naming the key.
+:class:`~areal_m2po.api.errors.ConfigError` line naming the key.
 
 Which keys hold which kind of path follows from the section classes, so a new trainer's
 sections are checked without listing them here:

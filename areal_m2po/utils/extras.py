@@ -18,7 +18,7 @@ import importlib.util
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 
 __all__ = ["EXTRAS", "check_config_extras", "config_extras", "missing_modules", "require_extra"]
 
