@@ -68,7 +68,7 @@ from areal_m2po.api.config.rollout import (
     RolloutConfig,
     VLLMConfig,
 )
-from areal_m2po.api.config.run import HOST_MMAP_THRESHOLD_MIB
+from areal_m2po.api.config.run import HOST_MMAP_THRESHOLD_MIB, BaseExperimentConfig
 from areal_m2po.api.config.trainers import (
     DPO_LOSS_TYPES,
     DPOConfig,
@@ -80,6 +80,7 @@ from areal_m2po.api.errors import ConfigError
 
 __all__ = [
     "ConfigError",
+    "BaseExperimentConfig",
     "OptimizerConfig",
     "MicroBatchSpec",
     "FSDPEngineConfig",

@@ -17,9 +17,9 @@ from areal_m2po.api.config.output import (
 )
 from areal_m2po.api.config.rollout import GenerationConfig, RolloutConfig
 from areal_m2po.api.config.run import (
-    check_run_fields,
-    host_mmap_threshold_field,
-    overwrite_output_dir_field,
+    BaseExperimentConfig,
+    experiment_name_field,
+    total_train_steps_field,
 )
 from areal_m2po.api.errors import ConfigError
 
@@ -52,28 +52,12 @@ def _default_rollout() -> RolloutConfig:
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(BaseExperimentConfig):
     """A whole PPO/GRPO run. Its defaults are the built-in demo: SmolLM2-135M-Instruct learning
     2-digit addition with M2PO on a 2-core CPU in about ten minutes."""
 
-    experiment_name: str = config_field("m2po-arith", "Experiment name.")
-    trial_name: str = config_field("trial0", "Trial name.")
-    seed: int = config_field(1, "Global seed (data order, sampling, initialisation).")
-    output_dir: str | None = config_field(
-        None,
-        "Run directory: config.yaml, metrics.jsonl, checkpoints "
-        "(null: outputs/<experiment_name>/<trial_name>).",
-    )
-    overwrite_output_dir: bool = overwrite_output_dir_field()
-    total_train_epochs: int = config_field(1, "Epochs over the training prompts.")
-    total_train_steps: int | None = config_field(
-        25, "Stop after this many training steps (null: run all epochs)."
-    )
-    num_threads: int | None = config_field(
-        None, "torch CPU threads (null: torch's default). Fix it when timing."
-    )
-    host_mmap_threshold_mib: int | None = host_mmap_threshold_field()
-    tokenizer_path: str | None = config_field(None, "Tokenizer (null: actor.path).")
+    experiment_name: str = experiment_name_field("m2po-arith")
+    total_train_steps: int | None = total_train_steps_field(25)
     actor: ActorConfig = section_field(_default_actor, "The policy and its PPO/M2PO loss.")
     ref: RefConfig = section_field(RefConfig, "Reference model for the KL penalty.")
     teacher: TeacherConfig | None = config_field(
@@ -93,7 +77,7 @@ class PPOConfig:
     stats_logger: StatsLoggerConfig = section_field(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        check_run_fields(self)
+        super().__post_init__()
         validate_sections(self)
         self._check_combinations()
         self._check_behaviour_logprobs()

@@ -29,9 +29,9 @@ from areal_m2po.api.config.output import (
     StatsLoggerConfig,
 )
 from areal_m2po.api.config.run import (
-    check_run_fields,
-    host_mmap_threshold_field,
-    overwrite_output_dir_field,
+    BaseExperimentConfig,
+    experiment_name_field,
+    total_train_steps_field,
 )
 from areal_m2po.api.errors import ConfigError
 
@@ -71,27 +71,12 @@ class RWModelConfig(TrainedModelConfig):
 
 
 @dataclass
-class RWConfig:
+class RWConfig(BaseExperimentConfig):
     """Reward-model training (``python -m areal_m2po.train_rm``): a Bradley-Terry reward model
     learned from preference pairs. Names follow TRL's RewardTrainer (max_length,
     center_rewards_coefficient) and AReaL's RW trainer."""
 
-    experiment_name: str = config_field("rw", "Experiment name.")
-    trial_name: str = config_field("trial0", "Trial name.")
-    seed: int = config_field(1, "Global seed (data order, score-head initialisation).")
-    output_dir: str | None = config_field(
-        None,
-        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format reward "
-        "model) (null: outputs/<experiment_name>/<trial_name>).",
-    )
-    overwrite_output_dir: bool = overwrite_output_dir_field()
-    total_train_epochs: int = config_field(1, "Epochs over the training pairs.")
-    total_train_steps: int | None = config_field(
-        None, "Stop after this many optimizer steps (null: run all epochs)."
-    )
-    num_threads: int | None = config_field(None, "torch CPU threads (null: torch's default).")
-    host_mmap_threshold_mib: int | None = host_mmap_threshold_field()
-    tokenizer_path: str | None = config_field(None, "Tokenizer (null: model.path).")
+    experiment_name: str = experiment_name_field("rw")
     max_length: int = config_field(
         1024,
         "Longest prompt + completion in tokens; a longer pair is an error naming its file and "
@@ -114,7 +99,7 @@ class RWConfig:
     stats_logger: StatsLoggerConfig = section_field(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        check_run_fields(self)
+        super().__post_init__()
         check_number("max_length", self.max_length, ge=1, integer=True)
         check_number(
             "center_rewards_coefficient", self.center_rewards_coefficient, ge=0, optional=True
@@ -148,28 +133,14 @@ def _sft_evaluator_default() -> EvaluatorConfig:
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(BaseExperimentConfig):
     """Supervised fine-tuning (``python -m areal_m2po.train_sft``): the token-mean negative
     log-likelihood of the completion (assistant) tokens, through the PPO trainer's engine. Its
     defaults are the built-in demo: SmolLM2-135M-Instruct on the correct answers of the built-in
     arithmetic task, about a minute on a CPU."""
 
-    experiment_name: str = config_field("sft", "Experiment name.")
-    trial_name: str = config_field("trial0", "Trial name.")
-    seed: int = config_field(1, "Global seed (data order).")
-    output_dir: str | None = config_field(
-        None,
-        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
-        "recover/ (null: outputs/<experiment_name>/<trial_name>).",
-    )
-    overwrite_output_dir: bool = overwrite_output_dir_field()
-    total_train_epochs: int = config_field(1, "Epochs over the training examples.")
-    total_train_steps: int | None = config_field(
-        30, "Stop after this many optimizer steps (null: run all epochs)."
-    )
-    num_threads: int | None = config_field(None, "torch CPU threads (null: torch's default).")
-    host_mmap_threshold_mib: int | None = host_mmap_threshold_field()
-    tokenizer_path: str | None = config_field(None, "Tokenizer (null: model.path).")
+    experiment_name: str = experiment_name_field("sft")
+    total_train_steps: int | None = total_train_steps_field(30)
     max_length: int = config_field(
         1024,
         "Longest example in tokens; a longer one is an error naming its file and line (never cut).",
@@ -188,7 +159,7 @@ class SFTConfig:
     stats_logger: StatsLoggerConfig = section_field(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        check_run_fields(self)
+        super().__post_init__()
         check_number("max_length", self.max_length, ge=2, integer=True)
         validate_sections(self)
 
@@ -206,28 +177,13 @@ def _dpo_evaluator_default() -> EvaluatorConfig:
 
 
 @dataclass
-class DPOConfig:
+class DPOConfig(BaseExperimentConfig):
     """Direct preference optimization (``python -m areal_m2po.train_dpo``): the policy learns
     from preference pairs directly, against a frozen reference, through the SFT trainer's engine
     (DDP, FSDP2, LoRA, micro-batches). Names follow TRL's DPOTrainer and AReaL's DPO trainer
     (beta, label_smoothing, loss_type, max_length)."""
 
-    experiment_name: str = config_field("dpo", "Experiment name.")
-    trial_name: str = config_field("trial0", "Trial name.")
-    seed: int = config_field(1, "Global seed (data order).")
-    output_dir: str | None = config_field(
-        None,
-        "Run directory: config.yaml, metrics.jsonl, checkpoints/final (the HF-format model), "
-        "recover/ (null: outputs/<experiment_name>/<trial_name>).",
-    )
-    overwrite_output_dir: bool = overwrite_output_dir_field()
-    total_train_epochs: int = config_field(1, "Epochs over the training pairs.")
-    total_train_steps: int | None = config_field(
-        None, "Stop after this many optimizer steps (null: run all epochs)."
-    )
-    num_threads: int | None = config_field(None, "torch CPU threads (null: torch's default).")
-    host_mmap_threshold_mib: int | None = host_mmap_threshold_field()
-    tokenizer_path: str | None = config_field(None, "Tokenizer (null: model.path).")
+    experiment_name: str = experiment_name_field("dpo")
     max_length: int = config_field(
         1024,
         "Longest prompt + completion in tokens; a longer pair is an error naming its file and "
@@ -273,7 +229,7 @@ class DPOConfig:
     stats_logger: StatsLoggerConfig = section_field(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
-        check_run_fields(self)
+        super().__post_init__()
         check_number("max_length", self.max_length, ge=2, integer=True)
         validate_choices(self)
         check_number("beta", self.beta, gt=0)
