@@ -4,6 +4,7 @@ settings that span its sections."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from areal_m2po.api.config.actor import OUTCOME_ESTIMATORS, ActorConfig, NormConfig
 from areal_m2po.api.config.checks import config_field, section_field, validate_sections
@@ -28,22 +29,6 @@ def _default_actor() -> ActorConfig:
     # AReaL's M2PO recipe: decoupled PPO (clip against the proximal policy, weight by
     # pi_prox / pi_behave) with the M2PO mask on behaviour vs proximal
     return ActorConfig(m2_threshold=0.04, use_decoupled_loss=True)
-
-
-def _max_positions_of(model_path: str | None) -> int | None:
-    """``max_position_embeddings`` of the model at ``model_path`` when it is a local folder
-    whose ``config.json`` says (read as JSON, no model code); None otherwise."""
-    import json
-    import os
-
-    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
-        return None
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            value = json.load(f).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _default_rollout() -> RolloutConfig:
@@ -97,9 +82,29 @@ class PPOConfig(BaseExperimentConfig):
             return "valid_dataset.max_prompt_length", valid
         return "train_dataset.max_prompt_length", train
 
+    def _budget_origin(self) -> str:
+        """The keys the episode budget comes from, for a message."""
+        if self.rollout.max_episode_tokens is not None:
+            return "rollout.max_episode_tokens"
+        return f"{self._longest_prompt()[0]} + gconfig.max_new_tokens"
+
+    def check_model_positions(self, positions: Any, source: str) -> None:
+        """The one rule for the policy's positions: ConfigError when the episode budget exceeds
+        ``positions``, the policy's ``max_position_embeddings`` (ignored unless an integer),
+        read from ``source`` (its ``config.json`` at start-up, or the loaded model's config).
+        A value check: the caller reads the number."""
+        budget = self.episode_budget
+        if isinstance(positions, int) and not isinstance(positions, bool) and budget > positions:
+            raise ConfigError(
+                "rollout.max_episode_tokens",
+                f"the episode budget {budget} ({self._budget_origin()}) exceeds the model's "
+                f"max_position_embeddings ({positions}, {source}); set "
+                "rollout.max_episode_tokens (or the datasets' max_prompt_length) lower",
+            )
+
     def _check_episode_budget(self) -> None:
-        """The episode budget holds a prompt and a turn, and fits the model's positions and
-        vLLM's context."""
+        """The episode budget holds a prompt and a turn, and fits vLLM's context (the model's
+        positions are checked at start-up, :meth:`check_model_positions`)."""
         budget, explicit = self.episode_budget, self.rollout.max_episode_tokens is not None
         key, prompt = self._longest_prompt()
         new = self.gconfig.max_new_tokens
@@ -109,14 +114,7 @@ class PPOConfig(BaseExperimentConfig):
                 f"{budget} cannot hold a prompt of {key} ({prompt}) and a turn of "
                 f"gconfig.max_new_tokens ({new}): set at least {prompt + new}, or null",
             )
-        origin = "rollout.max_episode_tokens" if explicit else f"{key} + gconfig.max_new_tokens"
-        positions = _max_positions_of(self.actor.path)
-        if positions is not None and budget > positions:
-            raise ConfigError(
-                "rollout.max_episode_tokens",
-                f"the episode budget {budget} ({origin}) exceeds the model's "
-                f"max_position_embeddings ({positions}, {self.actor.path}/config.json)",
-            )
+        origin = self._budget_origin()
         vllm_len = self.rollout.vllm.max_model_len
         if vllm_len is not None and vllm_len < budget:
             raise ConfigError(

