@@ -63,7 +63,7 @@ class MicroBatchSpec:
         256,
         "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
         "when a batch exceeds it. It bounds the activations a training forward keeps for its "
-        "backward (SmolLM2-135M fp32: about 1.6 MB per token, see docs/performance.md); the "
+        "backward (its memory per token: docs/performance.md); the "
         "gradient does not depend on the split, except through M2PO's statistic with "
         "actor.m2_scope=microbatch. null = no budget (one micro-batch per n_mbs).",
     )
@@ -80,9 +80,8 @@ class MicroBatchSpec:
         True,
         "In the policy's no-grad log-prob passes (the proximal recompute, the reference's "
         "scoring), run each distinct prompt once and score its completions on top of its KV "
-        "cache: a main-job group of 8 computes 47 + 8 x 16 tokens instead of 8 x 63, and the "
-        "proximal pass takes 0.51x the time (scripts/bench/bench_forward_pass.py). Equal to the "
-        "plain pass up to float rounding (checked once per model; a model whose cache changes "
+        "cache, so a group's prompt is computed once instead of once per sample (timings: "
+        "docs/performance.md). Equal to the plain pass up to float rounding (checked once per model; a model whose cache changes "
         "the answer is scored plainly). Not with backend fsdp2; a critic's values are always "
         "scored plainly.",
     )
@@ -98,9 +97,8 @@ class MicroBatchSpec:
         1024,
         "Token budget per micro-batch of a shared-prefix pass, counting each distinct prompt "
         "once (prompt groups kept whole where they fit). No activations are kept for a backward, "
-        "so it exceeds max_tokens_per_mb: 1024 took 0.85x the time of 256 on the main job. "
-        "The plain no-grad passes keep max_tokens_per_mb (a larger budget was slower there on "
-        "CPU: 1.11x at 1024). null = one micro-batch per n_mbs.",
+        "so it may exceed max_tokens_per_mb; the plain no-grad passes keep max_tokens_per_mb "
+        "(docs/performance.md compares budgets). null = one micro-batch per n_mbs.",
     )
 
     def __post_init__(self) -> None:
