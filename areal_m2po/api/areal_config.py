@@ -126,6 +126,8 @@ IGNORED: dict[str, str] = {
     "(in memory, or disk for servers)",
     "*.pin_memory": "DataLoader pinned memory (AReaL's loader); prompts are tokenized up front",
     "*.num_workers": "DataLoader worker processes (AReaL's loader)",
+    "train_dataset.type": "AReaL's dataset kind; a prompt dataset here is always rl",
+    "valid_dataset.type": "AReaL's dataset kind; a prompt dataset here is always rl",
     "ref.optimizer": "the reference is never trained",
     "ref.disable_dropout": "the reference always runs in eval mode (no dropout)",
     "*.init_from_scratch": "only false is supported (the weights at path are loaded)",

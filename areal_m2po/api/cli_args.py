@@ -45,9 +45,11 @@ from areal_m2po.api.config.data import (
 )
 from areal_m2po.api.config.engine import (
     BACKENDS,
+    FrozenMicroBatchSpec,
     FSDPEngineConfig,
     LoRAConfig,
     MicroBatchSpec,
+    MicroBatchSplit,
     OptimizerConfig,
     TrainedModelConfig,
     TrainEngineConfig,
@@ -83,6 +85,8 @@ __all__ = [
     "BaseExperimentConfig",
     "OptimizerConfig",
     "MicroBatchSpec",
+    "MicroBatchSplit",
+    "FrozenMicroBatchSpec",
     "FSDPEngineConfig",
     "LoRAConfig",
     "TrainedModelConfig",

@@ -60,6 +60,7 @@ from areal_m2po.api.config_schema import (
     section_defaults,
 )
 from areal_m2po.api.errors import ConfigError
+from areal_m2po.api.removed_keys import accept_removed
 from areal_m2po.api.yaml_format import dump_yaml, parse_yaml
 
 __all__ = [
@@ -116,6 +117,8 @@ def _merge_mapping(
     for name, value in data.items():
         key = f"{prefix}{name}"
         if not isinstance(name, str) or name not in schema:
+            if accept_removed(str(key), value, root is PPOConfig):
+                continue
             raise _unknown(str(key), root)
         _, kind = schema[name]
         if kind.is_section and isinstance(value, dict):
@@ -144,6 +147,10 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
     for depth, part in enumerate(parts):
         schema = fields_of(cls)
         if part not in schema:
+            if depth == len(parts) - 1 and accept_removed(
+                key, _parse_value(raw, FieldKind(Any, True)), root is PPOConfig
+            ):
+                return
             raise _unknown(key, root)
         _, kind = schema[part]
         here = ".".join(parts[: depth + 1])

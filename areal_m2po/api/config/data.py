@@ -27,7 +27,6 @@ class DatasetConfig:
         "'builtin:arithmetic' (seeded 2-digit addition task), a local .jsonl/.json/.parquet file, "
         "or a `datasets` name/directory.",
     )
-    type: str = config_field("rl", "Dataset kind.", choices=("rl",))
     split: str = config_field("train", "Split to load.")
     batch_size: int = config_field(8, "Prompts per training step (global, across ranks).")
     shuffle: bool = config_field(True, "Shuffle every epoch (seeded).")

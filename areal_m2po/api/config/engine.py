@@ -4,6 +4,7 @@ itself (:class:`TrainEngineConfig`, which the actor, the critic and the SFT/DPO 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from areal_m2po.api.config.checks import (
     ATTN_IMPLEMENTATIONS,
@@ -55,8 +56,11 @@ class OptimizerConfig:
 
 
 @dataclass
-class MicroBatchSpec:
-    """How a (mini)batch is split into micro-batches for gradient accumulation."""
+class MicroBatchSplit:
+    """How a (mini)batch is split into micro-batches for gradient accumulation: the keys of a
+    model whose forward is always padded and plain (the critic's value forward). The
+    class-level values below say so to the engine; :class:`FrozenMicroBatchSpec` and
+    :class:`MicroBatchSpec` make them keys where they apply."""
 
     n_mbs: int = config_field(1, "Minimum number of micro-batches per (mini)batch on each rank.")
     max_tokens_per_mb: int | None = config_field(
@@ -67,6 +71,23 @@ class MicroBatchSpec:
         "gradient does not depend on the split, except through M2PO's statistic with "
         "actor.m2_scope=microbatch. null = no budget (one micro-batch per n_mbs).",
     )
+    # (ClassVar: not keys here; the subclasses' keys of these names take these places, so a
+    # policy's mb_spec lists its keys in this order)
+    packing: ClassVar[bool] = False
+    shared_prefix: ClassVar[bool] = False
+    shared_prefix_train: ClassVar[bool] = False
+    shared_prefix_max_tokens_per_mb: ClassVar[int | None] = None
+
+    def __post_init__(self) -> None:
+        check_number("n_mbs", self.n_mbs, ge=1, integer=True)
+        check_number("max_tokens_per_mb", self.max_tokens_per_mb, ge=1, integer=True, optional=True)
+
+
+@dataclass
+class FrozenMicroBatchSpec(MicroBatchSplit):
+    """The micro-batch keys of a model that only scores (the reference): its no-grad log-prob
+    passes may pack sequences and share prompts; it never trains."""
+
     packing: bool = config_field(
         True,
         "Pack the sequences of a micro-batch into rows without padding in the policy's "
@@ -75,7 +96,6 @@ class MicroBatchSpec:
         "log-probs as the padded layout (checked once per model; a model that mixes packed "
         "sequences falls back to padding). The critic's value forward is always padded.",
     )
-
     shared_prefix: bool = config_field(
         True,
         "In the policy's no-grad log-prob passes (the proximal recompute, the reference's "
@@ -84,14 +104,6 @@ class MicroBatchSpec:
         "docs/performance.md). Equal to the plain pass up to float rounding (checked once per model; a model whose cache changes "
         "the answer is scored plainly). Not with backend fsdp2; a critic's values are always "
         "scored plainly.",
-    )
-    shared_prefix_train: bool = config_field(
-        True,
-        "Share the prompts in the training forward too (with shared_prefix): each micro-batch "
-        "runs its distinct prompts once and the gradient flows through their KV cache to the "
-        "prompt's tokens, within max_tokens_per_mb (counted as for shared_prefix). Equal to "
-        "the plain gradient up to float rounding. One process only, without gradient "
-        "checkpointing (else the plain split).",
     )
     shared_prefix_max_tokens_per_mb: int | None = config_field(
         1024,
@@ -102,12 +114,35 @@ class MicroBatchSpec:
     )
 
     def __post_init__(self) -> None:
-        check_number("n_mbs", self.n_mbs, ge=1, integer=True)
+        super().__post_init__()
         check_bool("packing", self.packing)
         check_bool("shared_prefix", self.shared_prefix)
+        check_number(
+            "shared_prefix_max_tokens_per_mb",
+            self.shared_prefix_max_tokens_per_mb,
+            ge=1,
+            integer=True,
+            optional=True,
+        )
+
+
+@dataclass
+class MicroBatchSpec(FrozenMicroBatchSpec):
+    """How a (mini)batch of the policy is split into micro-batches for gradient accumulation,
+    with packing and shared prompts in its log-prob passes and its training forward."""
+
+    shared_prefix_train: bool = config_field(
+        True,
+        "Share the prompts in the training forward too (with shared_prefix): each micro-batch "
+        "runs its distinct prompts once and the gradient flows through their KV cache to the "
+        "prompt's tokens, within max_tokens_per_mb (counted as for shared_prefix). Equal to "
+        "the plain gradient up to float rounding. One process only, without gradient "
+        "checkpointing (else the plain split).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_bool("shared_prefix_train", self.shared_prefix_train)
-        for key in ("max_tokens_per_mb", "shared_prefix_max_tokens_per_mb"):
-            check_number(key, getattr(self, key), ge=1, integer=True, optional=True)
 
 
 BACKENDS = ("ddp", "fsdp2")
@@ -284,7 +319,8 @@ class TrainEngineConfig(TrainedModelConfig):
         )
         validate_section(self, "fsdp", FSDPEngineConfig)
         validate_section(self, "optimizer", OptimizerConfig)
-        validate_section(self, "mb_spec", MicroBatchSpec)
+        # any split: a critic's has no packing keys, the reference engine's no training key
+        validate_section(self, "mb_spec", MicroBatchSplit)
         if self.backend != "fsdp2" and not self.fsdp.is_default():
             changed = [
                 f.name

@@ -12,10 +12,15 @@ from areal_m2po.api.config.checks import (
     check_nonempty_str,
     check_number,
     config_field,
+    section_field,
     validate_choices,
     validate_section,
 )
-from areal_m2po.api.config.engine import MicroBatchSpec, TrainEngineConfig
+from areal_m2po.api.config.engine import (
+    FrozenMicroBatchSpec,
+    MicroBatchSplit,
+    TrainEngineConfig,
+)
 from areal_m2po.api.errors import ConfigError
 
 
@@ -26,6 +31,11 @@ class CriticConfig(TrainEngineConfig):
     enabled: bool = config_field(False, "Train a critic and use GAE advantages.")
     value_eps_clip: float = config_field(0.2, "Clip range of the value loss around the old values.")
     ppo_n_minibatches: int = config_field(1, "Critic minibatches per training batch.")
+    mb_spec: MicroBatchSplit = section_field(
+        MicroBatchSplit,
+        "Micro-batch split of the critic (its value forward is always padded and scores every "
+        "prompt in full: packing and shared prompts are actor.mb_spec keys).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,16 +57,16 @@ class RefConfig:
         "actor.attn_implementation).",
         choices=(None, *ATTN_IMPLEMENTATIONS),
     )
-    mb_spec: MicroBatchSpec | None = config_field(
+    mb_spec: FrozenMicroBatchSpec | None = config_field(
         None,
         "Micro-batch split of the reference's log-prob forward (AReaL key: ref.mb_spec; null: "
-        "actor.mb_spec).",
+        "actor.mb_spec). The reference never trains, so it has no shared_prefix_train.",
     )
 
     def __post_init__(self) -> None:
         validate_choices(self)
         check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
-        validate_section(self, "mb_spec", MicroBatchSpec, optional=True)
+        validate_section(self, "mb_spec", FrozenMicroBatchSpec, optional=True)
 
     def engine_config(self, actor: TrainEngineConfig) -> TrainEngineConfig:
         """The frozen engine's config: this section's model, kernel and micro-batch split
