@@ -188,7 +188,8 @@ class ActorConfig(TrainEngineConfig):
     )
     rejection_sampling: RejectionSamplingConfig | None = config_field(
         None,
-        "Masked/truncated importance sampling of the behaviour weight (null = off). AReaL's "
+        "Masked/truncated importance sampling of the decoupled loss's behaviour weight (needs "
+        "use_decoupled_loss; null = off). AReaL's "
         "removed behave_imp_weight_cap (and _mode) map here.",
     )
     use_behave_imp_weight: bool = config_field(
@@ -356,6 +357,13 @@ class ActorConfig(TrainEngineConfig):
 
     def _check_loss_combinations(self) -> None:
         """Loss settings that contradict each other inside the actor."""
+        if self.rejection_sampling is not None and not self.use_decoupled_loss:
+            raise ConfigError(
+                "rejection_sampling",
+                "bounds the behaviour weight pi_prox/pi_behave of the decoupled loss, which "
+                "use_decoupled_loss=false does not apply: set use_decoupled_loss=true or "
+                "rejection_sampling=null",
+            )
         if self.rejection_sampling is not None and not self.use_behave_imp_weight:
             raise ConfigError(
                 "use_behave_imp_weight",
