@@ -10,7 +10,8 @@ Before the Accelerator starts (:func:`check_config`, from
 1. **packages**: a feature the config asks for whose optional packages are missing names the
    extra to install (:func:`check_extras`: async rollout, the agent endpoint, LoRA,
    TensorBoard, vLLM in this interpreter, a built-in model's packages, flash attention);
-2. **paths**: every model, tokenizer, data and executable path the config names can be used
+2. **paths**: ``output_dir`` is a folder or can be made one (:func:`check_output_path`), and
+   every model, tokenizer, data and executable path the config names can be used
    (:func:`check_paths`; sections that are off are skipped);
 3. **positions**: the PPO episode budget fits a local policy's ``max_position_embeddings``
    (:func:`check_positions`; the rule is :meth:`PPOConfig.check_model_positions`, which the
@@ -40,8 +41,9 @@ listing them here: models are ``path`` and ``tokenizer_path`` of every trained m
 reference (``ref``, or the root ``ref_path``), the teacher and a learned reward
 (``reward.model``), and the root ``tokenizer_path``. A ``builtin:`` name must be a known
 built-in; a local directory must hold a model (``config.json``, or ``adapter_config.json`` for
-a LoRA adapter); a path that is not a valid hub id (``org/name``) or that starts with ``/``,
-``./``, ``../`` or ``~`` must exist; a hub id must be in the local cache when
+a LoRA adapter); a path that is not a valid hub id (``org/name``), that starts with ``/``,
+``./``, ``../`` or ``~``, or whose first part is a folder here must exist; a hub id must be
+in the local cache when
 ``HF_HUB_OFFLINE`` forbids downloading it. A data ``path`` ending in
 ``.jsonl``/``.json``/``.parquet`` must be a file, and a local-looking ``datasets`` directory
 must exist. ``rollout.vllm.python`` must be an executable.
@@ -94,6 +96,7 @@ __all__ = [
     "check_extras",
     "check_launch",
     "check_output_dir",
+    "check_output_path",
     "check_paths",
     "check_positions",
     "check_rl_batch",
@@ -119,6 +122,7 @@ def check_config(config: Any) -> None:
     """Steps 1-3 of the module docstring, in order, for any trainer's root config: packages,
     paths, the policy's positions. Run before the Accelerator starts."""
     check_extras(config)
+    check_output_path(config.output_dir)
     check_paths(config)
     if isinstance(config, PPOConfig):
         check_positions(config)
@@ -253,8 +257,9 @@ def check_paths(config: Any) -> None:
 
 def looks_local(path: str) -> bool:
     """Whether ``path`` can only be a local path: it starts with ``/``, ``./``, ``../`` or
-    ``~``, or is not a valid Hugging Face hub id (``name`` or ``org/name``)."""
-    if path.startswith(("/", "./", "../", "~", ".\\")):
+    ``~``, its first part is a folder here (``scratch/nope`` beside a ``scratch/`` folder), or
+    it is not a valid Hugging Face hub id (``name`` or ``org/name``)."""
+    if path.startswith(("/", "./", "../", "~", ".\\")) or _first_part_is_a_folder(path):
         return True
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -263,6 +268,12 @@ def looks_local(path: str) -> bool:
     except HFValidationError:
         return True
     return False
+
+
+def _first_part_is_a_folder(path: str) -> bool:
+    """Whether ``path`` has several parts and its first one is a folder here."""
+    first, sep, _ = path.partition("/")
+    return bool(sep and first) and os.path.isdir(first)
 
 
 def _check_model_path(key: str, path: str, needs_model: bool) -> None:
@@ -281,6 +292,13 @@ def _check_model_path(key: str, path: str, needs_model: bool) -> None:
         return
     if os.path.exists(path):
         raise ConfigError(key, f"{path} is a file; a model is a directory or a hub id")
+    if _first_part_is_a_folder(path):
+        first = path.partition("/")[0]
+        raise ConfigError(
+            key,
+            f"{path} does not exist (a local model directory: {first}/ is a folder here, so "
+            "it is not taken for a hub id)",
+        )
     if looks_local(path):
         raise ConfigError(
             key, f"{path} does not exist (a local model directory; a hub id looks like org/name)"
@@ -295,6 +313,24 @@ def _check_model_path(key: str, path: str, needs_model: bool) -> None:
             f"{path} is not a local directory, and the hub model {path!r} is not in the Hugging "
             "Face cache while HF_HUB_OFFLINE=1 forbids downloading it",
         )
+
+
+def check_output_path(output_dir: str) -> None:
+    """``output_dir`` is a folder or can be made one: neither it nor a folder above it is a
+    file (else the run would stop at its first write, after the models load)."""
+    here = output_dir
+    while here and not os.path.exists(here):
+        parent = os.path.dirname(here.rstrip("/"))
+        here = parent if parent != here else ""
+    if not here or os.path.isdir(here):
+        return
+    if here == output_dir:
+        raise ConfigError(
+            "output_dir", f"{output_dir} is a file; output_dir names the run's folder"
+        )
+    raise ConfigError(
+        "output_dir", f"{here} is a file, so output_dir {output_dir} cannot be made below it"
+    )
 
 
 def _check_data_path(key: str, path: str) -> None:

@@ -123,11 +123,23 @@ def evaluation_note(config: Any, is_main: bool) -> str:
         logger.warning(
             "training on %s but evaluating on the built-in task %s (valid_dataset.path): the "
             "eval/ metrics measure that task; set valid_dataset.path to held-out data of "
-            "your own, or valid_dataset=null to evaluate nothing",
+            "your own, or %s to evaluate nothing",
             train,
             valid.path,
+            no_evaluation_overrides(type(config)),
         )
     return f"eval on {valid.path} ({valid.split})"
+
+
+def no_evaluation_overrides(config_cls: type) -> str:
+    """The command-line overrides that turn a trainer's evaluation off, as its loader takes
+    them: ``valid_dataset=null`` where that section may be null (SFT), else the evaluator's
+    three cadences (PPO, whose held-out set is a required section)."""
+    from areal_m2po.api.config_schema import fields_of
+
+    if fields_of(config_cls)["valid_dataset"][1].optional:
+        return "valid_dataset=null"
+    return "evaluator.freq_steps=null evaluator.eval_at_start=false evaluator.eval_at_end=false"
 
 
 def build_or_report(build: Callable[[Any], TrainerT], config: Any) -> TrainerT | None:

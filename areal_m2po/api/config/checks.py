@@ -9,6 +9,7 @@ loader qualifies it with the section's dotted path.
 from __future__ import annotations
 
 import math
+import os
 import typing
 from dataclasses import field, fields, is_dataclass
 from typing import Any
@@ -97,6 +98,16 @@ def check_nonempty_str(name: str, value: Any, optional: bool = False, null_means
         raise ConfigError(
             name, f"must not be empty (null {null_means})" if null_means else "must not be empty"
         )
+
+
+def expand_home(obj: Any, *names: str) -> None:
+    """Expand a leading ``~`` of each path-valued field ``names`` of ``obj`` to the home
+    directory (``os.path.expanduser``: the environment, no file), so ``output_dir=~/runs/a``
+    is that folder rather than one named ``~``."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(obj, name, os.path.expanduser(value))
 
 
 def validate_choices(obj: Any) -> None:

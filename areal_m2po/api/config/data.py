@@ -12,6 +12,7 @@ from areal_m2po.api.config.checks import (
     check_number,
     check_str,
     config_field,
+    expand_home,
     validate_choices,
     validate_section,
 )
@@ -42,6 +43,7 @@ class DatasetConfig:
     drop_last: bool = config_field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         validate_choices(self)
         check_str("path", self.path)
         check_str("split", self.split)
@@ -100,6 +102,7 @@ class RewardModelConfig:
     )
 
     def __post_init__(self) -> None:
+        expand_home(self, "path", "tokenizer_path")
         validate_choices(self)
         check_str("path", self.path, optional=True)
         check_str("tokenizer_path", self.tokenizer_path, optional=True)
@@ -163,6 +166,7 @@ class PreferenceDatasetConfig:
     drop_last: bool = config_field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         check_nonempty_str("path", self.path, optional=True)
         check_str("split", self.split)
         check_number("batch_size", self.batch_size, ge=1, integer=True)
@@ -203,6 +207,7 @@ class SFTDatasetConfig:
     drop_last: bool = config_field(True, "Drop the last incomplete batch of an epoch.")
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         check_nonempty_str("path", self.path)
         check_str("split", self.split)
         check_number("batch_size", self.batch_size, ge=1, integer=True)

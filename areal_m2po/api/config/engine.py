@@ -13,6 +13,7 @@ from areal_m2po.api.config.checks import (
     check_nonempty_str,
     check_number,
     config_field,
+    expand_home,
     section_field,
     validate_choices,
     validate_section,
@@ -263,6 +264,7 @@ class TrainedModelConfig:
     )
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         validate_choices(self)
         check_nonempty_str("path", self.path)
         check_bool("gradient_checkpointing", self.gradient_checkpointing)

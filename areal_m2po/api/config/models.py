@@ -12,6 +12,7 @@ from areal_m2po.api.config.checks import (
     check_nonempty_str,
     check_number,
     config_field,
+    expand_home,
     section_field,
     validate_choices,
     validate_section,
@@ -64,6 +65,7 @@ class RefConfig:
     )
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         validate_choices(self)
         check_nonempty_str("path", self.path, optional=True, null_means="means actor.path")
         validate_section(self, "mb_spec", FrozenMicroBatchSpec, optional=True)
@@ -126,6 +128,7 @@ class TeacherConfig:
     )
 
     def __post_init__(self) -> None:
+        expand_home(self, "path")
         validate_choices(self)
         check_nonempty_str("path", self.path, optional=True)
         check_number("rl_loss_weight", self.rl_loss_weight, ge=0)

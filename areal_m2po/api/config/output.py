@@ -10,6 +10,7 @@ from areal_m2po.api.config.checks import (
     check_bool,
     check_number,
     config_field,
+    expand_home,
     section_field,
     validate_choices,
 )
@@ -124,6 +125,9 @@ class TensorBoardConfig:
     """TensorBoard logging."""
 
     path: str | None = config_field(None, "Event directory (null: off).")
+
+    def __post_init__(self) -> None:
+        expand_home(self, "path")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from areal_m2po.api.config.checks import (
     check_number,
     check_str,
     config_field,
+    expand_home,
     section_field,
     validate_choices,
     validate_section,
@@ -129,6 +130,7 @@ class VLLMConfig:
     )
 
     def __post_init__(self) -> None:
+        expand_home(self, "python")
         validate_choices(self)
         check_number("max_model_len", self.max_model_len, ge=1, integer=True, optional=True)
         check_number("kv_cache_gib", self.kv_cache_gib, ge=1, integer=True)

@@ -13,6 +13,7 @@ from areal_m2po.api.config.checks import (
     check_number,
     check_str,
     config_field,
+    expand_home,
 )
 
 HOST_MMAP_THRESHOLD_MIB = 1
@@ -77,6 +78,7 @@ class BaseExperimentConfig:
 
     def __post_init__(self) -> None:
         """Check the run fields and derive ``output_dir`` from the names when it is null."""
+        expand_home(self, "output_dir", "tokenizer_path")
         for name in ("experiment_name", "trial_name"):
             check_nonempty_str(name, getattr(self, name))
         check_number("seed", self.seed, ge=0, integer=True)

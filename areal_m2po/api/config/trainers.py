@@ -9,6 +9,7 @@ from areal_m2po.api.config.checks import (
     check_nonempty_str,
     check_number,
     config_field,
+    expand_home,
     section_field,
     validate_choices,
     validate_section,
@@ -229,6 +230,7 @@ class DPOConfig(BaseExperimentConfig):
     stats_logger: StatsLoggerConfig = section_field(StatsLoggerConfig, "Metric logging.")
 
     def __post_init__(self) -> None:
+        expand_home(self, "ref_path")
         super().__post_init__()
         check_number("max_length", self.max_length, ge=2, integer=True)
         validate_choices(self)
