@@ -474,7 +474,7 @@ def check_launch(
         cuda_available: whether this process sees a GPU.
         mixed_precision: ``accelerator.mixed_precision`` (``no``, ``bf16``, ``fp16``).
     """
-    engines = [("actor", config.actor)]
+    engines: list[tuple[str, TrainEngineConfig]] = [("actor", config.actor)]
     if config.critic.enabled:
         engines.append(("critic", config.critic))
     check_engine_launch(engines, distributed_type, world, cuda_available, mixed_precision)

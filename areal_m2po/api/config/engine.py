@@ -4,7 +4,7 @@ itself (:class:`TrainEngineConfig`, which the actor, the critic and the SFT/DPO 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any
 
 from areal_m2po.api.config.checks import (
     ATTN_IMPLEMENTATIONS,
@@ -59,37 +59,49 @@ class OptimizerConfig:
 @dataclass
 class MicroBatchSplit:
     """How a (mini)batch is split into micro-batches for gradient accumulation: the keys of a
-    model whose forward is always padded and plain (the critic's value forward). The
-    class-level values below say so to the engine; :class:`FrozenMicroBatchSpec` and
-    :class:`MicroBatchSpec` make them keys where they apply."""
+    model whose forward is always padded and plain (the critic's value forward). Its
+    properties tell the engine so; :class:`FrozenMicroBatchSpec` and :class:`MicroBatchSpec`
+    make them keys where they apply."""
 
     n_mbs: int = config_field(1, "Minimum number of micro-batches per (mini)batch on each rank.")
     max_tokens_per_mb: int | None = config_field(
         256,
         "Token budget per micro-batch (padded length x sequences); more micro-batches are used "
         "when a batch exceeds it. It bounds the activations a training forward keeps for its "
-        "backward (its memory per token: docs/performance.md); the "
-        "gradient does not depend on the split, except through M2PO's statistic with "
-        "actor.m2_scope=microbatch. null = no budget (one micro-batch per n_mbs).",
+        "backward (its memory per token: docs/performance.md); the gradient does not depend on "
+        "the split, except through M2PO's statistic with actor.m2_scope=microbatch. null = no "
+        "budget (one micro-batch per n_mbs).",
     )
-    # (ClassVar: not keys here; the subclasses' keys of these names take these places, so a
-    # policy's mb_spec lists its keys in this order)
-    packing: ClassVar[bool] = False
-    shared_prefix: ClassVar[bool] = False
-    shared_prefix_train: ClassVar[bool] = False
-    shared_prefix_max_tokens_per_mb: ClassVar[int | None] = None
+
+    # What the engine reads of every split; the subclasses make these keys where they apply.
+    @property
+    def packing(self) -> bool:
+        """Never packed: this model's forward is padded."""
+        return False
+
+    @property
+    def shared_prefix(self) -> bool:
+        """Never shared prompts: this model scores every prompt in full."""
+        return False
+
+    @property
+    def shared_prefix_train(self) -> bool:
+        """Never shared prompts in a training forward."""
+        return False
+
+    @property
+    def shared_prefix_max_tokens_per_mb(self) -> int | None:
+        """No shared-prefix pass, so no budget for one."""
+        return None
 
     def __post_init__(self) -> None:
         check_number("n_mbs", self.n_mbs, ge=1, integer=True)
         check_number("max_tokens_per_mb", self.max_tokens_per_mb, ge=1, integer=True, optional=True)
 
 
-@dataclass
-class FrozenMicroBatchSpec(MicroBatchSplit):
-    """The micro-batch keys of a model that only scores (the reference): its no-grad log-prob
-    passes may pack sequences and share prompts; it never trains."""
-
-    packing: bool = config_field(
+def _packing_field() -> Any:
+    """The ``packing`` key of a split whose passes may pack sequences."""
+    return config_field(
         True,
         "Pack the sequences of a micro-batch into rows without padding in the policy's "
         "log-prob forward passes, training and recompute (position ids restart per sequence; "
@@ -97,16 +109,24 @@ class FrozenMicroBatchSpec(MicroBatchSplit):
         "log-probs as the padded layout (checked once per model; a model that mixes packed "
         "sequences falls back to padding). The critic's value forward is always padded.",
     )
-    shared_prefix: bool = config_field(
+
+
+def _shared_prefix_field() -> Any:
+    """The ``shared_prefix`` key of a split whose no-grad passes may share prompts."""
+    return config_field(
         True,
         "In the policy's no-grad log-prob passes (the proximal recompute, the reference's "
         "scoring), run each distinct prompt once and score its completions on top of its KV "
         "cache, so a group's prompt is computed once instead of once per sample (timings: "
-        "docs/performance.md). Equal to the plain pass up to float rounding (checked once per model; a model whose cache changes "
-        "the answer is scored plainly). Not with backend fsdp2; a critic's values are always "
-        "scored plainly.",
+        "docs/performance.md). Equal to the plain pass up to float rounding (checked once per "
+        "model; a model whose cache changes the answer is scored plainly). Not with backend "
+        "fsdp2; a critic's values are always scored plainly.",
     )
-    shared_prefix_max_tokens_per_mb: int | None = config_field(
+
+
+def _shared_prefix_budget_field() -> Any:
+    """The ``shared_prefix_max_tokens_per_mb`` key of such a split."""
+    return config_field(
         1024,
         "Token budget per micro-batch of a shared-prefix pass, counting each distinct prompt "
         "once (prompt groups kept whole where they fit). No activations are kept for a backward, "
@@ -114,24 +134,42 @@ class FrozenMicroBatchSpec(MicroBatchSplit):
         "(docs/performance.md compares budgets). null = one micro-batch per n_mbs.",
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_bool("packing", self.packing)
-        check_bool("shared_prefix", self.shared_prefix)
-        check_number(
-            "shared_prefix_max_tokens_per_mb",
-            self.shared_prefix_max_tokens_per_mb,
-            ge=1,
-            integer=True,
-            optional=True,
-        )
+
+def _check_log_prob_keys(split: Any) -> None:
+    """The checks of the keys :func:`_packing_field` ... :func:`_shared_prefix_budget_field`
+    declare."""
+    check_bool("packing", split.packing)
+    check_bool("shared_prefix", split.shared_prefix)
+    check_number(
+        "shared_prefix_max_tokens_per_mb",
+        split.shared_prefix_max_tokens_per_mb,
+        ge=1,
+        integer=True,
+        optional=True,
+    )
 
 
 @dataclass
-class MicroBatchSpec(FrozenMicroBatchSpec):
+class FrozenMicroBatchSpec(MicroBatchSplit):
+    """The micro-batch keys of a model that only scores (the reference): its no-grad log-prob
+    passes may pack sequences and share prompts; it never trains."""
+
+    packing: bool = _packing_field()
+    shared_prefix: bool = _shared_prefix_field()
+    shared_prefix_max_tokens_per_mb: int | None = _shared_prefix_budget_field()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_log_prob_keys(self)
+
+
+@dataclass
+class MicroBatchSpec(MicroBatchSplit):
     """How a (mini)batch of the policy is split into micro-batches for gradient accumulation,
     with packing and shared prompts in its log-prob passes and its training forward."""
 
+    packing: bool = _packing_field()
+    shared_prefix: bool = _shared_prefix_field()
     shared_prefix_train: bool = config_field(
         True,
         "Share the prompts in the training forward too (with shared_prefix): each micro-batch "
@@ -140,9 +178,11 @@ class MicroBatchSpec(FrozenMicroBatchSpec):
         "the plain gradient up to float rounding. One process only, without gradient "
         "checkpointing (else the plain split).",
     )
+    shared_prefix_max_tokens_per_mb: int | None = _shared_prefix_budget_field()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check_log_prob_keys(self)
         check_bool("shared_prefix_train", self.shared_prefix_train)
 
 
