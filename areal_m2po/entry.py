@@ -14,9 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
 from areal_m2po.api.config_loader import config_to_yaml, format_help, load_config
-from areal_m2po.api.errors import RunError
+from areal_m2po.api.errors import ConfigError, RunError
 from areal_m2po.utils.console import print_error
 
 EXIT_BAD_CONFIG = 2

@@ -106,7 +106,7 @@ def render_reference(cls: type = PPOConfig) -> str:
         level = "###"
         lines = [
             "",
-            "Generated from the field metadata in `areal_m2po/api/cli_args.py`; do not edit by",
+            "Generated from the field metadata in `areal_m2po/api/config/`; do not edit by",
             "hand. Defaults are those of a run without `--config` (the built-in demo); where the",
             "dataclass built alone in Python has another default, it is given in parentheses.",
             "",
@@ -117,7 +117,7 @@ def render_reference(cls: type = PPOConfig) -> str:
         level = "####"
         lines = [
             "",
-            "Generated from the field metadata in `areal_m2po/api/cli_args.py`; do not edit by",
+            "Generated from the field metadata in `areal_m2po/api/config/`; do not edit by",
             "hand.",
             "",
             f"#### top level ({_ROOT_COMMANDS[cls]})",

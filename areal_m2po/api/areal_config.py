@@ -24,7 +24,7 @@ and after it is merged and its ``${...}`` interpolations resolved (:func:`transl
 
 A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
 ``init_from_scratch: true``, Megatron) is a one-line :class:`ConfigError` naming the key. The
-module works on plain dicts; it imports only :mod:`areal_m2po.api.cli_args`.
+module works on plain dicts; it imports only :mod:`areal_m2po.api.errors`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 
 __all__ = [
     "AREAL_DEFAULTS",
@@ -126,6 +126,8 @@ IGNORED: dict[str, str] = {
     "(in memory, or disk for servers)",
     "*.pin_memory": "DataLoader pinned memory (AReaL's loader); prompts are tokenized up front",
     "*.num_workers": "DataLoader worker processes (AReaL's loader)",
+    "train_dataset.type": "AReaL's dataset kind; a prompt dataset here is always rl",
+    "valid_dataset.type": "AReaL's dataset kind; a prompt dataset here is always rl",
     "ref.optimizer": "the reference is never trained",
     "ref.disable_dropout": "the reference always runs in eval mode (no dropout)",
     "*.init_from_scratch": "only false is supported (the weights at path are loaded)",

@@ -22,7 +22,7 @@ machinery, listed in one warning line; in every other file an unknown key stays 
 
 The result is made of the real dataclass instances, so every ``__post_init__`` check runs exactly
 as it does for ``ActorConfig(m2_threshold=0.05, ...)`` in Python. Every problem is raised as a
-:class:`~areal_m2po.api.cli_args.ConfigError` whose key is the full dotted name of the culprit
+:class:`~areal_m2po.api.errors.ConfigError` whose key is the full dotted name of the culprit
 (unknown keys come with the nearest valid key).
 
 YAML is read with YAML 1.2 scalars where YAML 1.1 surprises people: ``1e-5`` is a float and only
@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from areal_m2po.api import areal_config
-from areal_m2po.api.cli_args import ConfigError, PPOConfig
+from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.config_schema import (
     REQUIRED,
     ConfigKey,
@@ -59,6 +59,8 @@ from areal_m2po.api.config_schema import (
     kind_of,
     section_defaults,
 )
+from areal_m2po.api.errors import ConfigError
+from areal_m2po.api.removed_keys import accept_removed
 from areal_m2po.api.yaml_format import dump_yaml, parse_yaml
 
 __all__ = [
@@ -115,6 +117,8 @@ def _merge_mapping(
     for name, value in data.items():
         key = f"{prefix}{name}"
         if not isinstance(name, str) or name not in schema:
+            if accept_removed(str(key), value, root is PPOConfig):
+                continue
             raise _unknown(str(key), root)
         _, kind = schema[name]
         if kind.is_section and isinstance(value, dict):
@@ -143,6 +147,10 @@ def _set_override(tree: dict[str, Any], key: str, raw: str, root: type) -> None:
     for depth, part in enumerate(parts):
         schema = fields_of(cls)
         if part not in schema:
+            if depth == len(parts) - 1 and accept_removed(
+                key, _parse_value(raw, FieldKind(Any, True)), root is PPOConfig
+            ):
+                return
             raise _unknown(key, root)
         _, kind = schema[part]
         here = ".".join(parts[: depth + 1])

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 from areal_m2po.api.yaml_format import flow_yaml
 
 __all__ = [

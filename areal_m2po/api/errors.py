@@ -3,18 +3,33 @@
 The entry points (:func:`areal_m2po.entry.config_main`) print a :class:`RunError` as one
 ``error:`` line and exit with its :attr:`RunError.exit_status` (1; 143 for a run stopped by
 SIGTERM), whichever trainer raised it; a bad config or bad input found before training is a
-:class:`~areal_m2po.api.cli_args.ConfigError` (status 2).
+:class:`ConfigError` (status 2), whether the config's own checks or the start-up checks found it.
+This module imports nothing else of areal_m2po, so any layer can raise these.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ConfigError",
     "NonFiniteTrainingError",
     "NonFiniteWeightsError",
     "RunError",
     "RunStopped",
     "WorkflowError",
 ]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. ``key`` is the dotted name of the culprit field."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.detail = message
+        super().__init__(f"{key}: {message}")
+
+    def with_prefix(self, prefix: str) -> ConfigError:
+        """The same error with the key qualified by its section, e.g. ``actor.eps_clip``."""
+        return ConfigError(f"{prefix}.{self.key}" if prefix else self.key, self.detail)
 
 
 class RunError(RuntimeError):

@@ -172,7 +172,7 @@ class WorkflowContext:
     reward: Any
     max_episode_tokens: int | None = None
     agent_config: Any = None
-    """``rollout.agent`` (:class:`~areal_m2po.api.agent_config.AgentConfig`); None: defaults."""
+    """``rollout.agent`` (:class:`~areal_m2po.api.config.agent.AgentConfig`); None: defaults."""
 
     def turn_sampling(
         self, context_len: int, sampling: SamplingParams | None = None

@@ -2,7 +2,8 @@
 
 YAML 1.1 structure (what PyYAML reads) with YAML 1.2 scalars where YAML 1.1 surprises people:
 ``1e-5`` is a float and only ``true``/``false`` are booleans (``on``, ``yes``, ``off`` stay
-strings). Dumping quotes strings that would read back as exponent floats (``'1e5'``).
+strings); a key given twice in one mapping is an error (naming its line), not a silent
+overwrite. Dumping quotes strings that would read back as exponent floats (``'1e5'``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = ["dump_yaml", "flow_yaml", "parse_yaml"]
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _EXP_FLOAT_RE = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 
@@ -39,9 +41,27 @@ def _resolvers(base: type, *, yaml12_bools: bool) -> _Resolvers:
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe loader reading ``1e-5`` as a float and only ``true``/``false`` as booleans."""
+    """Safe loader reading ``1e-5`` as a float and only ``true``/``false`` as booleans, and
+    refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
 
     yaml_implicit_resolvers = _resolvers(yaml.SafeLoader, yaml12_bools=True)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # '<<' merges may repeat keys on purpose
+            key = self.construct_object(key_node)
+            first = seen.setdefault(key, key_node)
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {first.start_mark.line + 1}); "
+                    "the earlier one would be dropped",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep)
 
 
 class _Dumper(yaml.SafeDumper):

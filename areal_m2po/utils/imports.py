@@ -2,7 +2,7 @@
 
 Every config key whose value is ``"package.module:attribute"`` (or
 ``"package.module.attribute"``) goes through :func:`load_object`, so a broken user module
-always ends the same way: one :class:`~areal_m2po.api.cli_args.ConfigError` line naming the
+always ends the same way: one :class:`~areal_m2po.api.errors.ConfigError` line naming the
 config key, the module, and where it failed (file and line), which ``python -m
 areal_m2po.train`` prints as ``error: <key>: ...`` with exit status 2 before any model loads.
 """
@@ -17,7 +17,7 @@ import traceback
 from types import ModuleType, TracebackType
 from typing import Any
 
-from areal_m2po.api.cli_args import ConfigError
+from areal_m2po.api.errors import ConfigError
 
 __all__ = ["load_object", "split_spec"]
 

@@ -20,8 +20,8 @@ import sdk_agents
 from agentic_helpers import tiny_model_and_tokenizer
 from scripted_engine import ScriptOnlyEngine
 
-from areal_m2po.api.agent_config import AgentConfig
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.api.config.agent import AgentConfig
 from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.rollout.executor import arun_group

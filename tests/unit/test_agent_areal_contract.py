@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from areal_m2po.api.agent_config import AgentConfig
+from areal_m2po.api.config.agent import AgentConfig
 from areal_m2po.api.config_loader import load_config
 from areal_m2po.rollout.workflows.agent.areal_agent import (
     DropCounter,

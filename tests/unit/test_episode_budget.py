@@ -63,16 +63,35 @@ def test_a_budget_that_cannot_work_is_refused_at_config_read(
 
 
 def test_a_budget_past_the_models_positions_is_refused(tmp_path: Path) -> None:
+    from areal_m2po.trainer.preflight import check_config
+
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    cfg = load_config([f"actor.path={tmp_path}", "train_dataset.max_prompt_length=64"])
     with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings") as caught:
-        load_config([f"actor.path={tmp_path}", "train_dataset.max_prompt_length=64"])
+        check_config(cfg)  # a start-up check: building the config read no file
     assert caught.value.key == "rollout.max_episode_tokens"
     assert "(128, " in str(caught.value) and "64 +" not in str(caught.value)
+    assert f"{tmp_path}/config.json" in str(caught.value)
     cfg = load_config(
         [f"actor.path={tmp_path}", "train_dataset.max_prompt_length=64"]
         + ["valid_dataset.max_prompt_length=64", "gconfig.max_new_tokens=64"]
     )
     assert cfg.episode_budget == 128  # exactly the model's positions is fine
+    check_config(cfg)
+
+
+def test_the_rollout_factory_applies_the_same_positions_rule() -> None:
+    from types import SimpleNamespace
+
+    from areal_m2po.rollout.factory import check_model_positions
+
+    cfg = load_config(["train_dataset.max_prompt_length=64", "valid_dataset.max_prompt_length=64"])
+    check_model_positions(cfg, SimpleNamespace(max_position_embeddings=80))  # 64 + 16 fits
+    with pytest.raises(ConfigError) as caught:
+        check_model_positions(cfg, SimpleNamespace(max_position_embeddings=79))
+    assert caught.value.key == "rollout.max_episode_tokens"
+    assert "the episode budget 80 (" in str(caught.value) and "(79, " in str(caught.value)
+    check_model_positions(cfg, SimpleNamespace())  # a config without the number: no rule
 
 
 def _context(budget: int | None, tokenizer: Any = None) -> WorkflowContext:

@@ -30,8 +30,8 @@ from areal_m2po.api.cli_args import (
     TensorBoardConfig,
     TrainEngineConfig,
 )
-from areal_m2po.trainer.preflight import check_extras
-from areal_m2po.utils.extras import EXTRAS, config_extras, require_extra
+from areal_m2po.trainer.preflight import check_extras, config_extras
+from areal_m2po.utils.extras import EXTRAS, require_extra
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ActorConfig(path="builtin:tiny")

@@ -14,6 +14,7 @@ from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.rejection_sampling import RejectionSampling, as_rejection_sampling
 from areal_m2po.api import cli_args
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
+from areal_m2po.api.config_loader import load_config
 from areal_m2po.trainer.ppo.loss_fn import ppo_loss_spec
 
 F64 = torch.float64
@@ -32,9 +33,8 @@ def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
 
 def test_spec_from_actor_config():
     rs = RejectionSamplingConfig(upper=1.5)
-    c = ActorConfig(eps_clip=0.1, eps_clip_higher=0.3, c_clip=2.0, rejection_sampling=rs)
+    c = ActorConfig(eps_clip=0.1, eps_clip_higher=0.3, c_clip=2.0)
     spec = ppo_loss_spec(c, max_new_tokens=16)
-    # rejection sampling only applies with the decoupled loss
     assert spec.rejection_sampling is None
     assert (spec.eps_clip, spec.eps_clip_upper, spec.c_clip) == (0.1, 0.3, 2.0)
     assert spec.max_tokens_norm == 16 and spec.loss_agg_mode == c.loss_agg_mode
@@ -130,3 +130,17 @@ def test_rejection_options_are_plain_values_not_the_config_section():
     )
     lb, _ = ppo_actor_loss(lp, prox, old, adv, mask, spec)
     assert torch.equal(la, lb)
+
+
+def test_rejection_sampling_without_the_decoupled_loss_is_refused():
+    """It bounds the decoupled loss's behaviour weight; without that loss it used to be
+    accepted and then dropped silently."""
+    rs = RejectionSamplingConfig(upper=1.5)
+    with pytest.raises(ConfigError) as caught:
+        ActorConfig(use_decoupled_loss=False, rejection_sampling=rs)
+    assert caught.value.key == "rejection_sampling"
+    assert "use_decoupled_loss=true or rejection_sampling=null" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert ActorConfig(use_decoupled_loss=True, rejection_sampling=rs).rejection_sampling == rs
+    with pytest.raises(ConfigError, match=r"^actor\.rejection_sampling: bounds the behaviour"):
+        load_config(["actor.use_decoupled_loss=false", "actor.rejection_sampling.upper=3"])

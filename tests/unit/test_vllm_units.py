@@ -87,16 +87,22 @@ def test_config():
     with pytest.raises(ConfigError, match="server_args: must be a list of strings"):
         VLLMConfig(server_args="--foo")
     # servers reached at given addresses or run by another interpreter need no vLLM here
-    RolloutConfig(backend="vllm", mode="async", server_addrs=["127.0.0.1:1"])
-    RolloutConfig(backend="vllm", vllm=VLLMConfig(placement="servers", python="/x/python"))
+    remote = RolloutConfig(backend="vllm", mode="async", server_addrs=["127.0.0.1:1"])
+    other = RolloutConfig(backend="vllm", vllm=VLLMConfig(placement="servers", python="/x/py"))
+    assert not remote.needs_local_vllm and not other.needs_local_vllm
+    assert RolloutConfig(backend="vllm").needs_local_vllm and not RolloutConfig().needs_local_vllm
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_missing_vllm_is_one_line_before_anything_loads():
+    from areal_m2po.api.cli_args import PPOConfig
+    from areal_m2po.trainer.preflight import check_config
+
+    cfg = PPOConfig(rollout=RolloutConfig(backend="vllm", staleness=1))  # a value check only
     with pytest.raises(ConfigError) as info:
-        RolloutConfig(backend="vllm")
+        check_config(cfg)  # the start-up check looks the package up
     msg = str(info.value)
-    assert msg.startswith("backend: vllm: vLLM is not importable in ") and "\n" not in msg
+    assert msg.startswith("rollout.backend: vllm: vLLM is not importable in ") and "\n" not in msg
     assert "bash scripts/install.sh --vllm" in msg
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from areal_m2po.api.agent_config import AgentConfig
+from areal_m2po.api.config.agent import AgentConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
 from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import (
