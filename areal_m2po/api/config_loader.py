@@ -519,14 +519,15 @@ def config_to_yaml(cfg: Any) -> str:
     return dump_yaml(config_to_dict(cfg))
 
 
-def save_config(cfg: Any, path: str | os.PathLike[str]) -> Path:
-    """Write :func:`config_to_yaml` of ``cfg`` to ``path`` atomically (parents created)."""
+def save_config(cfg: Any, path: str | os.PathLike[str], header: str = "") -> Path:
+    """Write ``header`` (comment lines) and :func:`config_to_yaml` of ``cfg`` to ``path``
+    atomically (parents created)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(config_to_yaml(cfg))
+            out.write(header + config_to_yaml(cfg))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from areal_m2po.api.cli_args import DPOConfig, PPOConfig, SFTConfig
 from areal_m2po.utils import dist, recover
+from areal_m2po.utils.config_changes import config_record
 
 __all__ = ["PartLoaders", "RecoverCheckpoints"]
 
@@ -72,6 +73,7 @@ class RecoverCheckpoints:
         self.overwrite = bool(getattr(config, "overwrite_output_dir", False))
         self.mode = "disabled" if self.overwrite else self.config.mode
         self.must_match = {key: _dotted(config, key) for key in must_match}
+        self.run_config = config_record(config)  # a resume compares its training keys
         self.is_main = is_main
         self.rank, self.world = dist.rank(), dist.world_size()
         self._stale: list[str] = []  # recover.mode=disabled: deleted at the first save
@@ -92,6 +94,7 @@ class RecoverCheckpoints:
             meta = {
                 "world_size": self.world,
                 "config": self.must_match,
+                "run_config": self.run_config,
                 "time": time.time(),
                 "shards": sorted(n for n in os.listdir(tmp) if os.path.isdir(os.path.join(tmp, n))),
             }

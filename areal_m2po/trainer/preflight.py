@@ -87,6 +87,7 @@ from areal_m2po.engine.builtin_models import (
     check_builtin_packages,
 )
 from areal_m2po.utils import recover
+from areal_m2po.utils.config_changes import changed_training_keys, config_record, describe
 from areal_m2po.utils.extras import EXTRAS, require_extra
 
 __all__ = [
@@ -113,7 +114,7 @@ _MULTI = ("MULTI_GPU", "MULTI_CPU")
 _LAUNCH = "accelerate launch --multi_gpu --num_processes N (N >= 2)"
 _MODEL_SECTIONS = (TrainedModelConfig, RefConfig, RewardModelConfig, TeacherConfig)
 _DATA_SECTIONS = (DatasetConfig, PreferenceDatasetConfig, SFTDatasetConfig)
-_DATA_FILES = (".jsonl", ".json", ".parquet")
+_DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
 _MODEL_FILES = ("config.json", "adapter_config.json")
 _BUILTIN_MODELS = (SMOLLM2_NAME, TINY_NAME)
 
@@ -440,9 +441,12 @@ def check_output_dir(config: Any, world: int) -> None:
 
 
 def _check_resumable(path: str, config: Any, world: int) -> None:
-    """The checkpoint ``path`` against this run: its format, number of processes and the
-    config items its ``meta.json`` says must not change."""
-    saved = recover.read_meta(path, world, {}).get("config", {})
+    """The checkpoint ``path`` against this run: its format, number of processes, the config
+    items its ``meta.json`` says must not change, and the training keys of the whole config
+    it recorded (``run_config``; older checkpoints have none), which may differ only with
+    ``recover.allow_changed_keys``."""
+    meta = recover.read_meta(path, world, {})
+    saved = meta.get("config", {})
     current = {}
     for key in saved:
         value: Any = config
@@ -450,6 +454,23 @@ def _check_resumable(path: str, config: Any, world: int) -> None:
             value = getattr(value, part, None)
         current[key] = value
     recover.read_meta(path, world, current)
+    recorded = meta.get("run_config")
+    if not isinstance(recorded, dict):
+        return
+    changes = changed_training_keys(recorded, config_record(config))
+    if not changes:
+        return
+    if config.recover.allow_changed_keys:
+        logger.warning(
+            "recover.allow_changed_keys: resuming %s with changed training keys: %s",
+            path,
+            describe(changes),
+        )
+        return
+    raise recover.RecoverError(
+        f"recover checkpoint {path} was written with other training keys: "
+        f"{describe(changes)}; recover.allow_changed_keys=true resumes with the new values"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class RLTrainer(RecoverableStepLoop):
         ctx = start_run(cfg)
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
+        self.run_lock = ctx.lock
         self._check_launch()
         from areal_m2po.reward import load_reward_fn
 

@@ -4,6 +4,7 @@ its metrics logger."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Callable
@@ -15,8 +16,10 @@ import torch
 from areal_m2po.trainer.node_check import check_processes_agree
 from areal_m2po.trainer.preflight import check_config, check_output_dir
 from areal_m2po.utils import dist
+from areal_m2po.utils.config_changes import resume_note
 from areal_m2po.utils.console import print_error, setup_logging
 from areal_m2po.utils.host_memory import set_mmap_threshold
+from areal_m2po.utils.run_lock import RunLock
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -35,6 +38,8 @@ class RunContext:
         is_main: whether this is rank 0 (it writes files and logs at INFO).
         rank: this process's rank; world: the number of processes.
         output_dir: the run's output directory (created by rank 0).
+        lock: rank 0's hold on ``output_dir`` (:class:`~areal_m2po.utils.run_lock.RunLock`;
+            None on other ranks), released when the trainer closes (or the process ends).
     """
 
     accelerator: Any
@@ -42,6 +47,7 @@ class RunContext:
     rank: int
     world: int
     output_dir: str
+    lock: RunLock | None = None
 
 
 def start_run(config: Any) -> RunContext:
@@ -64,6 +70,11 @@ def start_run(config: Any) -> RunContext:
         set_mmap_threshold(config.host_mmap_threshold_mib)
     accelerator = Accelerator(cpu=on_cpu)
     setup_logging(accelerator.is_main_process)
+    lock = None
+    if accelerator.is_main_process:  # before the folder is judged: two runs cannot both pass
+        lock = RunLock(config.output_dir)
+        lock.acquire()
+        atexit.register(lock.release)  # a trainer that fails to build never closes
     check_output_dir(config, dist.world_size())
     set_seed(config.seed)
     assert config.output_dir is not None  # filled in by the config's __post_init__
@@ -74,6 +85,7 @@ def start_run(config: Any) -> RunContext:
         rank=dist.rank(),
         world=dist.world_size(),
         output_dir=config.output_dir,
+        lock=lock,
     )
 
 
@@ -82,12 +94,19 @@ def write_run_config(config: Any, ctx: Any) -> None:
     ``ctx``: the :class:`RunContext` (or the trainer: anything with ``is_main`` and
     ``output_dir``). A trainer calls it once every start-up check passed and a resumed
     checkpoint loaded, right before its first step, so the folder keeps describing its
-    checkpoints until then."""
+    checkpoints until then. A resumed run's ``config.yaml`` starts with a comment naming the
+    training keys it changed (``recover.allow_changed_keys``), after those of earlier
+    resumes."""
     if ctx.is_main:
         os.makedirs(ctx.output_dir, exist_ok=True)
         from areal_m2po.api.config_loader import save_config
 
-        save_config(config, os.path.join(ctx.output_dir, "config.yaml"))
+        path = os.path.join(ctx.output_dir, "config.yaml")
+        header = ""
+        if os.path.isfile(path) and not config.overwrite_output_dir:  # a resumed run
+            with open(path, encoding="utf-8") as fh:
+                header = resume_note(fh.read(), config)
+        save_config(config, path, header)
 
 
 def make_stats_logger(config: Any, ctx: RunContext) -> Any:

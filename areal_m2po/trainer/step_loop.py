@@ -153,10 +153,13 @@ class StepLoop:
     def close(self) -> None:
         """The shutdown every trainer ends with: the loggers, the accelerator's references,
         then the process group (:func:`~areal_m2po.utils.dist.end_process_group`, while the
-        interpreter is whole: gloo work can abort its exit)."""
+        interpreter is whole: gloo work can abort its exit), and the output folder's lock."""
         self.stats_logger.close()
         self.accelerator.free_memory()
         dist.end_process_group()
+        lock = getattr(self, "run_lock", None)
+        if lock is not None:  # the output folder is free for the next run
+            lock.release()
 
     def _cadence(self, name: str) -> Cadence:
         """The cadence of config section ``name`` (evaluator, saver, recover), started on first

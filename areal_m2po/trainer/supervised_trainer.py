@@ -58,6 +58,7 @@ class SupervisedTrainer(StepLoop):
         ctx = start_run(cfg)
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
+        self.run_lock = ctx.lock
         if self.checks_launch:
             check_engine_launch(
                 [("model", cfg.model)],

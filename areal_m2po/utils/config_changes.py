@@ -17,7 +17,14 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["Change", "changed_training_keys", "config_record", "describe", "free_on_resume"]
+__all__ = [
+    "Change",
+    "changed_training_keys",
+    "config_record",
+    "describe",
+    "free_on_resume",
+    "resume_note",
+]
 
 _FREE_KEYS = frozenset(
     {
@@ -92,11 +99,11 @@ def _leaves(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
 
 
 def config_record(config: Any) -> dict[str, Any]:
-    """``config`` (a root config dataclass) as ``{dotted leaf key: value}``, the values as
-    JSON stores them (tuples as lists, other objects as strings); keys naming a secret
-    (``api_key``) are left out."""
-    flat = dict(_leaves(dataclasses.asdict(config), ""))
-    flat = {k: v for k, v in flat.items() if "api_key" not in k}
+    """``config`` (a root config dataclass, or the mapping a ``config.yaml`` holds) as
+    ``{dotted leaf key: value}``, the values as JSON stores them (tuples as lists, other
+    objects as strings); keys naming a secret (``api_key``) are left out."""
+    tree = config if isinstance(config, Mapping) else dataclasses.asdict(config)
+    flat = {k: v for k, v in _leaves(tree, "") if "api_key" not in k}
     return json.loads(json.dumps(flat, default=str))
 
 
@@ -136,3 +143,26 @@ def describe(changes: list[Change]) -> str:
         return text if len(text) <= 60 else text[:57] + "..."
 
     return ", ".join(f"{c.key} {short(c.saved)} -> {short(c.current)}" for c in changes)
+
+
+RESUME_NOTE = "# resumed with changed training keys (checkpoint -> this run): "
+
+
+def resume_note(previous_yaml: str, config: Any) -> str:
+    """The comment lines a resumed run's ``config.yaml`` starts with: those of the
+    ``previous_yaml`` it replaces (earlier resumes), and one more naming the training keys
+    that differ between the two (none when nothing changed). ``""`` when there is nothing to
+    note or ``previous_yaml`` does not parse."""
+    import yaml
+
+    try:
+        previous = yaml.safe_load(previous_yaml)
+    except yaml.YAMLError:
+        return ""
+    if not isinstance(previous, Mapping):
+        return ""
+    earlier = [line for line in previous_yaml.splitlines() if line.startswith(RESUME_NOTE)]
+    changes = changed_training_keys(config_record(previous), config_record(config))
+    if changes:
+        earlier.append(RESUME_NOTE + describe(changes))
+    return "".join(line + "\n" for line in earlier)

@@ -102,7 +102,12 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _describe(_read_holder(fd))
+                holder_record = _read_holder(fd)
+                if holder_record and holder_record.get("pid") == os.getpid():
+                    # an earlier run of this process that never released it (its trainer
+                    # failed to build): this process already holds the flock
+                    return fd
+                holder = _describe(holder_record)
                 os.close(fd)
                 raise RunFolderBusy(
                     f"output_dir: {self.output_dir} is in use by {holder}; wait for that run "

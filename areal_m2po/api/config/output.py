@@ -73,11 +73,18 @@ class RecoverConfig:
     freq_epochs: int | None = _freq_epochs_field("write a recover checkpoint")
     freq_secs: float | None = _freq_secs_field("write a recover checkpoint")
     keep_last: int = config_field(2, "Recover checkpoints kept.")
+    allow_changed_keys: bool = config_field(
+        False,
+        "Resume even though training keys (the loss and its coefficients, learning rate, "
+        "thresholds, lengths, data, model) differ from the recover checkpoint's; config.yaml "
+        "then names each change. false: such a resume is refused, naming the keys.",
+    )
 
     def __post_init__(self) -> None:
         validate_choices(self)
         _check_cadence(self)
         check_number("keep_last", self.keep_last, ge=1, integer=True)
+        check_bool("allow_changed_keys", self.allow_changed_keys)
 
 
 @dataclass
