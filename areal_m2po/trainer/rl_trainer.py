@@ -56,6 +56,7 @@ from areal_m2po.trainer.rollout_stats import (
 from areal_m2po.trainer.run_setup import (
     evaluation_note,
     make_stats_logger,
+    released_on_failure,
     start_run,
 )
 from areal_m2po.trainer.step_loop import RecoverableStepLoop, epoch_loader, run_trainer
@@ -104,29 +105,30 @@ class RLTrainer(RecoverableStepLoop):
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
         self.run_lock = ctx.lock
-        self._check_launch()
-        from areal_m2po.reward import load_reward_fn
+        with released_on_failure(ctx.lock):  # a trainer that fails to build never closes
+            self._check_launch()
+            from areal_m2po.reward import load_reward_fn
 
-        # user code first: a reward module that does not import stops the run in a second
-        self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
-        if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
-            load_object(cfg.rollout.workflow, "rollout.workflow")
-        self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
-        critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
-        load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
-        # the actor's plan refuses what it cannot honour before any model loads
-        resolve_actor_plan(
-            cfg.actor,
-            cfg.gconfig.max_new_tokens,
-            custom_loss=custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn),
-        )
-        self._build_data()
-        self._build_models()
-        self.stats_logger = make_stats_logger(cfg, ctx)
-        self.step = 0  # finished training steps
-        self.skip_streaks = {}  # per section: steps in a row whose update was skipped
-        self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
-        self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
+            # user code first: a reward module that does not import stops the run in a second
+            self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
+            if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
+                load_object(cfg.rollout.workflow, "rollout.workflow")
+            self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
+            critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
+            load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
+            # the actor's plan refuses what it cannot honour before any model loads
+            resolve_actor_plan(
+                cfg.actor,
+                cfg.gconfig.max_new_tokens,
+                custom_loss=custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn),
+            )
+            self._build_data()
+            self._build_models()
+            self.stats_logger = make_stats_logger(cfg, ctx)
+            self.step = 0  # finished training steps
+            self.skip_streaks = {}  # per section: steps in a row whose update was skipped
+            self.stop_requested = False  # set by SIGTERM: checkpoint after this step and exit
+            self.checkpoints = RecoverCheckpoints(cfg, self.output_dir, self.is_main)
 
     @property
     def queue(self) -> collections.deque[tuple[Batch, dict[str, float]]]:

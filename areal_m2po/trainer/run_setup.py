@@ -4,10 +4,10 @@ its metrics logger."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -74,11 +74,11 @@ def start_run(config: Any) -> RunContext:
     if accelerator.is_main_process:  # before the folder is judged: two runs cannot both pass
         lock = RunLock(config.output_dir)
         lock.acquire()
-        atexit.register(lock.release)  # a trainer that fails to build never closes
-    check_output_dir(config, dist.world_size())
-    set_seed(config.seed)
-    assert config.output_dir is not None  # filled in by the config's __post_init__
-    check_processes_agree(config, config.output_dir)
+    with released_on_failure(lock):
+        check_output_dir(config, dist.world_size())
+        set_seed(config.seed)
+        assert config.output_dir is not None  # filled in by the config's __post_init__
+        check_processes_agree(config, config.output_dir)
     return RunContext(
         accelerator=accelerator,
         is_main=accelerator.is_main_process,
@@ -87,6 +87,18 @@ def start_run(config: Any) -> RunContext:
         output_dir=config.output_dir,
         lock=lock,
     )
+
+
+@contextmanager
+def released_on_failure(lock: RunLock | None) -> Iterator[None]:
+    """Let ``lock`` go (rank 0's hold on the output folder) when the code inside raises: a
+    start-up or a trainer that fails to build never reaches the trainer's ``close``."""
+    try:
+        yield
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 def write_run_config(config: Any, ctx: Any) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
 from areal_m2po.trainer.preflight import check_batch_split, check_engine_launch
-from areal_m2po.trainer.run_setup import make_stats_logger, start_run
+from areal_m2po.trainer.run_setup import make_stats_logger, released_on_failure, start_run
 from areal_m2po.trainer.step_loop import RecoverableStepLoop, StepLoop, epoch_loader
 from areal_m2po.utils import recover
 from areal_m2po.utils.data import Batch
@@ -59,18 +59,19 @@ class SupervisedTrainer(StepLoop):
         self.accelerator, self.is_main = ctx.accelerator, ctx.is_main
         self.rank, self.world, self.output_dir = ctx.rank, ctx.world, ctx.output_dir
         self.run_lock = ctx.lock
-        if self.checks_launch:
-            check_engine_launch(
-                [("model", cfg.model)],
-                self.accelerator.distributed_type.value,
-                self.world,
-                torch.cuda.is_available(),
-                str(self.accelerator.mixed_precision),
-            )
-        self._build_data()
-        self._build_model()
-        self.stats_logger = make_stats_logger(cfg, ctx)
-        self._build_checkpoints()
+        with released_on_failure(ctx.lock):
+            if self.checks_launch:
+                check_engine_launch(
+                    [("model", cfg.model)],
+                    self.accelerator.distributed_type.value,
+                    self.world,
+                    torch.cuda.is_available(),
+                    str(self.accelerator.mixed_precision),
+                )
+            self._build_data()
+            self._build_model()
+            self.stats_logger = make_stats_logger(cfg, ctx)
+            self._build_checkpoints()
         self.step = 0
         self.stop_requested = False
 
