@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
@@ -55,6 +56,9 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.device = device
         self.version = 0
+        # where a run of tokens shared by several prompts is prefilled once (prefix_tree.py);
+        # inf: identical prompts only (benchmarks compare the two)
+        self.prefix_min_saved_tokens: float = MIN_SAVED_TOKENS
         eos = tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -210,8 +214,11 @@ class HFGenerator:
             extra["logits_processor"] = LogitsProcessorList([recorder])
         attached = recorder.attached(self.model) if recorder else contextlib.nullcontext()
         with self._eval_mode(), attached:
-            # each prompt is encoded once and its KV cache shared by its n samples
-            seqs = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
+            # every run of prompt tokens encoded once, its KV cache shared by the samples of
+            # every prompt that starts with it
+            seqs = generate_shared_prefill(
+                self.model, ids, attn, hf_cfg, n, self.prefix_min_saved_tokens, **extra
+            )
         p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]
         b, c = gen.shape
