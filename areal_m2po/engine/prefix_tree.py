@@ -29,7 +29,7 @@ import torch
 __all__ = ["MIN_SAVED_TOKENS", "Level", "PrefixLevels", "build_prefix_levels", "common_prefix"]
 
 # token computations an edge must save to be run on its own (measured: docs/performance.md)
-MIN_SAVED_TOKENS = 64
+MIN_SAVED_TOKENS = 40
 
 
 @dataclass

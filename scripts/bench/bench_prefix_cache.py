@@ -192,7 +192,8 @@ def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -
 
 def threshold_arms(model: Any, heads: tuple[int, ...], ks: tuple[int, ...]) -> dict[str, Any]:
     """Per k and head length L: k prompts (a common head of L tokens, distinct 20-token
-    tails), 8 completions of 16 tokens each, scored with the head split out or not."""
+    tails), one 4-token completion each (so the prefill dominates), scored with the head
+    split out or not."""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -204,9 +205,9 @@ def threshold_arms(model: Any, heads: tuple[int, ...], ks: tuple[int, ...]) -> d
             rows = []
             for _ in range(k):
                 tail = torch.randint(100, vocab, (20,), generator=g).tolist()
-                rows += [(head + tail, torch.randint(100, vocab, (16,), generator=g))] * 8
+                rows.append((head + tail, torch.randint(100, vocab, (4,), generator=g)))
             p = max(len(x) for x, _ in rows)
-            ids = torch.zeros(len(rows), p + 16, dtype=torch.long)
+            ids = torch.zeros(len(rows), p + 4, dtype=torch.long)
             for r, (prompt, comp) in enumerate(rows):
                 ids[r, p - len(prompt) : p], ids[r, p:] = torch.tensor(prompt), comp
             attn = ids != 0
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--system-tokens", type=int, default=300)
     ap.add_argument("--threshold", action="store_true", help="time where a shared run pays")
     ap.add_argument("--heads", default="2,4,8,16,32")
-    ap.add_argument("--ks", default="2,8")
+    ap.add_argument("--ks", default="2,8,32")
     args = ap.parse_args(argv)
     setup_process(args.threads, "no")
     import torch
