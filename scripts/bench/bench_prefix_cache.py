@@ -135,7 +135,7 @@ def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
 
     def arm(name: str, kind: str, min_saved: float, sys_prompt: bool) -> None:
         def run() -> None:
-            gen.prefix_min_saved_tokens = min_saved
+            gen.min_saved_tokens = min_saved
             if kind == "eval":
                 results[name] = gen.generate(eval_prompts, g, greedy=True)["input_ids"]
             elif kind == "gen":
@@ -198,14 +198,15 @@ def threshold_arms(model: Any, heads: tuple[int, ...], ks: tuple[int, ...]) -> d
 
     g = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
+    low = min(100, vocab // 2)  # clear of the special tokens
     fns: dict[str, Any] = {}
     for k in ks:
         for length in heads:
-            head = torch.randint(100, vocab, (length,), generator=g).tolist()
+            head = torch.randint(low, vocab, (length,), generator=g).tolist()
             rows = []
             for _ in range(k):
-                tail = torch.randint(100, vocab, (20,), generator=g).tolist()
-                rows.append((head + tail, torch.randint(100, vocab, (4,), generator=g)))
+                tail = torch.randint(low, vocab, (20,), generator=g).tolist()
+                rows.append((head + tail, torch.randint(low, vocab, (4,), generator=g)))
             p = max(len(x) for x, _ in rows)
             ids = torch.zeros(len(rows), p + 4, dtype=torch.long)
             for r, (prompt, comp) in enumerate(rows):
