@@ -249,3 +249,19 @@ def test_hf_generator_greedy_with_a_long_system_prompt() -> None:
     assert torch.equal(got["input_ids"][:, :p][attn.bool()], ids[attn.bool()])
     c = want.shape[1] - p
     assert torch.equal(got["input_ids"][:, p : p + c], want[:, p:])
+
+
+def test_gradients_through_several_levels_equal_the_plain_pass() -> None:
+    """Training with shared prompts (``shared_prefix_train``): the gradient flows through every
+    level's cache to the shared tokens, as through the plain pass."""
+    batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1])
+    grads = []
+    for shared in (False, True):
+        model = _model()
+        if shared:
+            logp, _ = forward_logprobs_shared_prefix(model, batch, 1.0, False, 0)
+        else:
+            logp, _ = forward_logprobs(model, batch, 1.0, False)
+        (logp * batch["loss_mask"]).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
