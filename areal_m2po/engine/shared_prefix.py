@@ -117,14 +117,19 @@ def split_prompt_groups(
 
 
 def shared_prefix_split(batch: Batch, max_tokens_per_mb: int | None) -> list[torch.Tensor] | None:
-    """:func:`split_prompt_groups` of ``batch``, or None when no prompt is shared by two rows
-    (:func:`prompt_index` found none, or every prompt appears once)."""
+    """:func:`split_prompt_groups` of ``batch``, or None when there is nothing to share:
+    :func:`prompt_index` found no prompt, or every prompt appears once and their common
+    prefixes save fewer than ``MIN_SAVED_TOKENS`` token computations (a batch of distinct
+    prompts behind one system prompt is still shared)."""
     found = prompt_index(batch)
     if found is None:
         return None
     start, prompt_of_row = found
     if int(prompt_of_row.max()) + 1 == prompt_of_row.numel():
-        return None
+        ids, attn = batch["input_ids"][:, :start], batch["attention_mask"][:, :start].bool()
+        tree = build_prefix_levels([row[m].tolist() for row, m in zip(ids, attn)])
+        if tree.total - tree.computed < MIN_SAVED_TOKENS:
+            return None
     return split_prompt_groups(batch, prompt_of_row, start, max_tokens_per_mb)
 
 
@@ -249,10 +254,11 @@ def shared_prefix_verdict(
     model: torch.nn.Module, batch: Batch, temperature: float, low_precision: bool
 ) -> bool | None:
     """Whether the shared-prefix pass gives the plain pass's log-probs on this model, checked on
-    the first prompt group of ``batch`` that has two or more rows (at most 4 of its rows) and
-    the first rows of two other prompts, every common prefix split out (``min_saved_tokens=0``,
-    so the check runs the levels of a prefix tree wherever the prompts share a head): None
-    (check later) when no prompt is shared in ``batch``. A model whose KV cache
+    the first prompt group of ``batch`` that has two or more rows (at most 4 of its rows; the
+    first prompt's row where every prompt appears once) and the first rows of two other
+    prompts, every common prefix split out (``min_saved_tokens=0``, so the check runs the levels
+    of a prefix tree wherever the prompts share a head): None (check later) when ``batch`` has
+    a single row or no prompt. A model whose KV cache
     does not reproduce its plain forward (a custom attention, a cache without
     ``batch_select_indices``) gets False and a warning."""
     found = prompt_index(batch)
@@ -260,11 +266,12 @@ def shared_prefix_verdict(
         return None
     _, prompt_of_row = found
     counts = torch.bincount(prompt_of_row)
-    shared = torch.nonzero(counts >= 2).flatten()
-    if shared.numel() == 0:
+    if counts.numel() < 2 and int(counts[0]) < 2:
         return None
-    rows = torch.nonzero(prompt_of_row == shared[0]).flatten()[:4]
-    other = [p for p in range(counts.numel()) if p != int(shared[0])][:2]
+    shared = torch.nonzero(counts >= 2).flatten()
+    lead = int(shared[0]) if shared.numel() else 0
+    rows = torch.nonzero(prompt_of_row == lead).flatten()[:4]
+    other = [p for p in range(counts.numel()) if p != lead][:2]
     others = torch.tensor(
         [int(torch.nonzero(prompt_of_row == p)[0]) for p in other],
         dtype=torch.long,

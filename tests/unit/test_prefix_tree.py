@@ -265,3 +265,36 @@ def test_gradients_through_several_levels_equal_the_plain_pass() -> None:
         (logp * batch["loss_mask"]).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+
+
+def test_engine_shares_a_system_prompt_among_distinct_prompts() -> None:
+    """One row per prompt (as a teacher or an n=1 pass sees them), a 50-token common head: the
+    engine's no-grad pass takes the shared path (the head once, then the distinct tails, then
+    the completions) and equals the plain pass; heads too short to pay are scored plainly."""
+    from accelerate import Accelerator
+
+    from areal_m2po.api.cli_args import MicroBatchSpec, TrainEngineConfig
+    from areal_m2po.engine.shared_prefix import shared_prefix_split
+    from areal_m2po.engine.train_engine import HFTrainEngine
+
+    g = torch.Generator().manual_seed(2)
+    head = _tok(g, 50)
+    batch = _batch([head + _tok(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
+    short = _batch([head[:5] + _tok(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
+    assert shared_prefix_split(short, None) is None  # saves 15 < 40 tokens
+    out = {}
+    for on in (False, True):
+        model = _model()
+        calls: list[tuple[int, ...]] = []
+        model.register_forward_pre_hook(
+            lambda _m, _a, kw, calls=calls: calls.append(tuple(kw["input_ids"].shape)),
+            with_kwargs=True,
+        )
+        cfg = TrainEngineConfig(path="unused", mb_spec=MicroBatchSpec(shared_prefix=on))
+        eng = HFTrainEngine(cfg, Accelerator(cpu=True), 1, model=model, trainable=False)
+        out[on] = eng.forward_tokens(batch, 1.0)[0]
+        if on:
+            assert eng.checks.shared_prefix_ok is True
+            assert [rows for rows, _ in calls[-3:]] == [1, 4, 4]  # head, tails, completions
+    mask = batch["loss_mask"]
+    torch.testing.assert_close(out[True][mask], out[False][mask], atol=1e-5, rtol=0)

@@ -161,8 +161,10 @@ def test_verdict() -> None:
     model = _model()
     assert shared_prefix_verdict(model, _group_batch((3, 2)), 1.0, False) is True
     assert model.training is False
-    # nothing shared: decided later
-    assert shared_prefix_verdict(model, _group_batch((1, 1, 1)), 1.0, False) is None
+    # distinct prompts (their heads may be shared): checked on them
+    assert shared_prefix_verdict(model, _group_batch((1, 1, 1)), 1.0, False) is True
+    # a single row: nothing to compare, decided later
+    assert shared_prefix_verdict(model, _group_batch((1,)), 1.0, False) is None
 
 
 def test_verdict_refuses_a_model_whose_cache_changes_the_answer() -> None:
