@@ -16,15 +16,25 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from areal_m2po.engine.forward import forward_logprobs, token_logprobs
+from areal_m2po.engine.prefix_tree import (
+    MIN_SAVED_TOKENS,
+    PrefixLevels,
+    build_prefix_levels,
+    common_prefix,
+)
 from areal_m2po.utils.data import Batch, completion_start, trim_columns
 
 __all__ = [
     "cache_kwarg",
     "forward_logprobs_shared_prefix",
+    "level_positions",
+    "prefill_levels",
     "prompt_index",
     "shared_prefix_split",
     "shared_prefix_verdict",
@@ -68,92 +78,167 @@ def split_prompt_groups(
     batch: Batch, prompt_of_row: torch.Tensor, start: int, max_tokens_per_mb: int | None
 ) -> list[torch.Tensor]:
     """Row indices of each micro-batch of a shared-prefix pass: prompt groups in order, as many
-    per micro-batch as keep ``groups x P + rows x S`` (the tokens the pass computes, ``S`` the
-    completion columns) within ``max_tokens_per_mb`` (None: one micro-batch). A group larger
-    than the budget is cut into pieces of as many rows as fit beside its prompt (at least one),
-    each its own micro-batch: the budget bounds a training pass's activations as it does for
-    the plain split. Rows ascend within a micro-batch."""
-    width = int(batch["input_ids"].shape[1]) - start
+    per micro-batch as keep the tokens the pass computes within ``max_tokens_per_mb`` (None:
+    one micro-batch): a group costs its prompt's tokens past the longest prefix it shares with
+    a prompt already in the micro-batch (all ``P`` prompt columns for the first) plus ``rows x
+    S`` (``S`` the completion columns). A group larger than the budget is cut into pieces of as
+    many rows as fit beside its prompt (at least one), each its own micro-batch: the budget
+    bounds a training pass's activations as it does for the plain split. Rows ascend within a
+    micro-batch."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    width = int(ids.shape[1]) - start
     budget = max_tokens_per_mb
     pieces: list[list[int]] = []
     current: list[int] = []
+    held: list[list[int]] = []  # the prompts of the current micro-batch
     cost = 0
     for g in range(int(prompt_of_row.max()) + 1):
         rows = torch.nonzero(prompt_of_row == g).flatten().tolist()
+        prompt = ids[rows[0], :start][attn[rows[0], :start].bool()].tolist()
         if budget is not None and start + len(rows) * width > budget:
             if current:
                 pieces.append(current)
-                current, cost = [], 0
+                current, held, cost = [], [], 0
             fit = max(1, (budget - start) // max(width, 1))
             pieces.extend(rows[i : i + fit] for i in range(0, len(rows), fit))
             continue
-        if current and budget is not None and cost + start + len(rows) * width > budget:
+        shared = max((common_prefix(prompt, h) for h in held), default=0)
+        extra = (start if not held else len(prompt) - shared) + len(rows) * width
+        if current and budget is not None and cost + extra > budget:
             pieces.append(current)
-            current, cost = [], 0
+            current, held, cost = [], [], 0
+            extra = start + len(rows) * width
         current.extend(rows)
-        cost += start + len(rows) * width
+        held.append(prompt)
+        cost += extra
     if current:
         pieces.append(current)
     return [torch.tensor(sorted(rows), dtype=torch.long) for rows in pieces]
 
 
 def shared_prefix_split(batch: Batch, max_tokens_per_mb: int | None) -> list[torch.Tensor] | None:
-    """:func:`split_prompt_groups` of ``batch``, or None when no prompt is shared by two rows
-    (:func:`prompt_index` found none, or every prompt appears once)."""
+    """:func:`split_prompt_groups` of ``batch``, or None when there is nothing to share:
+    :func:`prompt_index` found no prompt, or every prompt appears once and their common
+    prefixes save fewer than ``MIN_SAVED_TOKENS`` token computations (a batch of distinct
+    prompts behind one system prompt is still shared)."""
     found = prompt_index(batch)
     if found is None:
         return None
     start, prompt_of_row = found
     if int(prompt_of_row.max()) + 1 == prompt_of_row.numel():
-        return None
+        ids, attn = batch["input_ids"][:, :start], batch["attention_mask"][:, :start].bool()
+        tree = build_prefix_levels([row[m].tolist() for row, m in zip(ids, attn)])
+        if tree.total - tree.computed < MIN_SAVED_TOKENS:
+            return None
     return split_prompt_groups(batch, prompt_of_row, start, max_tokens_per_mb)
 
 
+def level_positions(mask: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Position ids of a segment: ``offset`` (int64 ``[N]``, real tokens above it) plus each
+    token's index among the segment's real tokens (``mask`` ``[N, W]``); padding gets the
+    position of the real token before it (its keys are masked)."""
+    return offset[:, None] + (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class PrefillState:
+    """What :func:`prefill_levels` leaves: the KV ``cache`` of the last level's nodes (one row
+    each), their accumulated layout (``ids`` and ``mask`` ``[N, columns]``, padding between
+    segments), their real-token counts ``length`` ``[N]`` and, where asked for, the logits of
+    each node's last real token ``last_logits`` ``[N, V]`` (the next token's prediction)."""
+
+    cache: Any
+    ids: torch.Tensor
+    mask: torch.Tensor
+    length: torch.Tensor
+    last_logits: torch.Tensor | None
+
+
+def prefill_levels(model: torch.nn.Module, tree: PrefixLevels, want_logits: bool) -> PrefillState:
+    """Run the levels of ``tree`` through ``model`` with ``use_cache=True``, each level on its
+    parents' cache rows (``Cache.batch_select_indices``)."""
+    name = cache_kwarg(model)
+    dev = next(model.parameters()).device
+    cache, acc_ids, acc_mask, last = None, None, None, None
+    for level in tree.levels:
+        ids, mask = level.ids.to(dev), level.mask.to(dev)
+        parent, offset = level.parent.to(dev), level.offset.to(dev)
+        if cache is not None:
+            cache.batch_select_indices(parent)
+            acc_ids = torch.cat([acc_ids[parent], ids], 1)
+            acc_mask = torch.cat([acc_mask[parent], mask], 1)
+        else:
+            acc_ids, acc_mask = ids, mask
+        seg_len = mask.sum(-1)
+        if want_logits:
+            # the last real columns by index, not logits_to_keep=1: a slice is a strided view,
+            # whose product with the head takes another kernel (other rounding) when the
+            # head's weight requires grad, so a policy and its frozen copy would disagree
+            cols, which = torch.unique((seg_len - 1).clamp(min=0), return_inverse=True)
+            keep: Any = cols
+        else:
+            keep = 1
+        out = model(
+            input_ids=ids,
+            attention_mask=acc_mask,
+            position_ids=level_positions(mask, offset),
+            use_cache=True,
+            logits_to_keep=keep,
+            **({name: cache} if cache is not None else {}),
+        )
+        cache = getattr(out, name)
+        if want_logits:
+            mine = out.logits[torch.arange(ids.shape[0], device=dev), which]
+            if last is not None:
+                mine = torch.where((seg_len > 0)[:, None], mine, last[parent])
+            last = mine
+    length = tree.levels[-1].offset.to(dev) + tree.levels[-1].mask.to(dev).sum(-1)
+    return PrefillState(cache, acc_ids, acc_mask, length, last)
+
+
 def forward_logprobs_shared_prefix(
-    model: torch.nn.Module, mb: Batch, temperature: float, compute_entropy: bool = True
+    model: torch.nn.Module,
+    mb: Batch,
+    temperature: float,
+    compute_entropy: bool = True,
+    min_saved_tokens: float = MIN_SAVED_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~areal_m2po.engine.forward.forward_logprobs` with each distinct prompt of ``mb``
-    run once: the same contract (float32 ``[b, T]`` log-probs and entropies aligned to
-    ``mb["input_ids"]``, zero outside the completion columns), equal up to float rounding.
-    Falls back to the plain pass when :func:`prompt_index` finds no prompt to share."""
+    """:func:`~areal_m2po.engine.forward.forward_logprobs` with the prompts of ``mb`` grouped by
+    their common prefixes (:func:`~areal_m2po.engine.prefix_tree.build_prefix_levels`): every
+    shared run of prompt tokens, each distinct prompt among them, is run once, and the
+    completions on top of their prompt's KV cache. The same contract (float32 ``[b, T]``
+    log-probs and entropies aligned to ``mb["input_ids"]``, zero outside the completion
+    columns), equal up to float rounding. ``min_saved_tokens``: where a run shared by several
+    prompts is split out (``inf``: distinct prompts only). Falls back to the plain pass when
+    :func:`prompt_index` finds no prompt to share."""
     b, full_t = mb["input_ids"].shape
     trimmed, left, _right = trim_columns(mb)
     found = prompt_index(trimmed)
     if found is None:
         return forward_logprobs(model, mb, temperature, compute_entropy)
-    start, prompt_of_row = found
+    start, _ = found
     ids = trimmed["input_ids"]
     attn = trimmed["attention_mask"].long()
     t = ids.shape[1]
-    n_prompts = int(prompt_of_row.max()) + 1
-    first = torch.full((n_prompts,), b, dtype=torch.long, device=ids.device)
-    first.scatter_reduce_(0, prompt_of_row, torch.arange(b, device=ids.device), "amin")
-    p_ids, p_mask = ids[first, :start], attn[first, :start]
-    name = cache_kwarg(model)
-    out = model(
-        input_ids=p_ids,
-        attention_mask=p_mask,
-        position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
-        use_cache=True,
-        # the last column by index, not logits_to_keep=1: a slice of it is a strided view,
-        # whose product with the head takes another kernel (other rounding) when the head's
-        # weight requires grad, so a policy and its frozen copy would disagree in the last bit
-        logits_to_keep=torch.tensor([start - 1], device=ids.device),
-    )
-    cache = getattr(out, name)
-    cache.batch_select_indices(prompt_of_row)
+    prompts = [
+        row[m.bool()].tolist() for row, m in zip(ids[:, :start].cpu(), attn[:, :start].cpu())
+    ]
+    tree = build_prefix_levels(prompts, min_saved_tokens)
+    state = prefill_levels(model, tree, want_logits=True)
+    assert state.last_logits is not None
+    leaf = tree.leaf.to(ids.device)
+    state.cache.batch_select_indices(leaf)
     s_mask = attn[:, start:]
-    prompt_len = attn[:, :start].sum(-1, keepdim=True)
     out_s = model(
         input_ids=ids[:, start:],
-        attention_mask=attn,
-        position_ids=prompt_len + (s_mask.cumsum(-1) - 1).clamp(min=0),
+        attention_mask=torch.cat([state.mask[leaf], s_mask], 1),
+        position_ids=level_positions(s_mask, state.length[leaf]),
         use_cache=True,
         logits_to_keep=0,
-        **{name: cache},
+        **{cache_kwarg(model): state.cache},
     )
-    # column start's token is predicted by the prompt's last column, column j > start's by j-1
-    logits = torch.cat([out.logits[prompt_of_row], out_s.logits[:, :-1]], dim=1)
+    # column start's token is predicted by the prompt's last token, column j > start's by j-1
+    logits = torch.cat([state.last_logits[leaf][:, None], out_s.logits[:, :-1]], dim=1)
     logp, ent = token_logprobs(logits, ids[:, start:], temperature, compute_entropy)
     logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
@@ -169,8 +254,11 @@ def shared_prefix_verdict(
     model: torch.nn.Module, batch: Batch, temperature: float, low_precision: bool
 ) -> bool | None:
     """Whether the shared-prefix pass gives the plain pass's log-probs on this model, checked on
-    the first prompt group of ``batch`` that has two or more rows (at most 4 of its rows and one
-    other row): None (check later) when no prompt is shared in ``batch``. A model whose KV cache
+    the first prompt group of ``batch`` that has two or more rows (at most 4 of its rows; the
+    first prompt's row where every prompt appears once) and the first rows of two other
+    prompts, every common prefix split out (``min_saved_tokens=0``, so the check runs the levels
+    of a prefix tree wherever the prompts share a head): None (check later) when ``batch`` has
+    a single row or no prompt. A model whose KV cache
     does not reproduce its plain forward (a custom attention, a cache without
     ``batch_select_indices``) gets False and a warning."""
     found = prompt_index(batch)
@@ -178,11 +266,17 @@ def shared_prefix_verdict(
         return None
     _, prompt_of_row = found
     counts = torch.bincount(prompt_of_row)
-    shared = torch.nonzero(counts >= 2).flatten()
-    if shared.numel() == 0:
+    if counts.numel() < 2 and int(counts[0]) < 2:
         return None
-    rows = torch.nonzero(prompt_of_row == shared[0]).flatten()[:4]
-    others = torch.nonzero(prompt_of_row != shared[0]).flatten()[:1]
+    shared = torch.nonzero(counts >= 2).flatten()
+    lead = int(shared[0]) if shared.numel() else 0
+    rows = torch.nonzero(prompt_of_row == lead).flatten()[:4]
+    other = [p for p in range(counts.numel()) if p != lead][:2]
+    others = torch.tensor(
+        [int(torch.nonzero(prompt_of_row == p)[0]) for p in other],
+        dtype=torch.long,
+        device=rows.device,
+    )
     rows = torch.cat([rows, others])
     sub = {k: v.index_select(0, rows) for k, v in batch.items() if v.dim() >= 1}
     was_training = model.training
@@ -190,7 +284,9 @@ def shared_prefix_verdict(
     try:
         plain, _ = forward_logprobs(model, sub, temperature, False)
         try:
-            shared_lp, _ = forward_logprobs_shared_prefix(model, sub, temperature, False)
+            shared_lp, _ = forward_logprobs_shared_prefix(
+                model, sub, temperature, False, min_saved_tokens=0
+            )
         except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
             logger.warning("shared-prefix scoring fails on this model (%s); scoring plainly", exc)
             return False

@@ -42,6 +42,7 @@ HOST_TENSORS: dict[str, tuple[int, str]] = {
     "engine/packing_check.py": (1, _COMM),
     "engine/train_engine.py": (4, _COMM + " (" + _SYNC + "); " + _HOST_OUT + "; " + _HOST_STAT),
     "engine/shared_prefix.py": (1, _HOST_IDX),
+    "engine/prefix_tree.py": (6, "a prefix layout from host token lists (moved where used)"),
     "engine/precision.py": (1, _COMM),
     "engine/packing.py": (13, "a layout from host Python lists (the micro-batch's device follows)"),
     "engine/step_stats.py": (1, _COMM),

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
@@ -55,6 +56,9 @@ class HFGenerator:
         self.tokenizer = tokenizer
         self.device = device
         self.version = 0
+        # where a run of tokens shared by several prompts is prefilled once (prefix_tree.py);
+        # inf: identical prompts only (benchmarks compare the two)
+        self.min_saved_tokens: float = MIN_SAVED_TOKENS
         eos = tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -202,7 +206,6 @@ class HFGenerator:
             extra["stopping_criteria"] = stopping_criteria
         if seed is not None:
             torch.manual_seed(seed)
-        # the sampled tokens' log-probs, taken step by step (one step's logits alive at a time)
         recorder = None if greedy else SampledLogprobRecorder(gconfig.temperature)
         if recorder is not None:
             from transformers import LogitsProcessorList
@@ -210,8 +213,10 @@ class HFGenerator:
             extra["logits_processor"] = LogitsProcessorList([recorder])
         attached = recorder.attached(self.model) if recorder else contextlib.nullcontext()
         with self._eval_mode(), attached:
-            # each prompt is encoded once and its KV cache shared by its n samples
-            seqs = generate_shared_prefill(self.model, ids, attn, hf_cfg, n, **extra)
+            # each run of prompt tokens encoded once, for every sample of every prompt with it
+            seqs = generate_shared_prefill(
+                self.model, ids, attn, hf_cfg, n, self.min_saved_tokens, **extra
+            )
         p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]
         b, c = gen.shape

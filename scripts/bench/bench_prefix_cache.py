@@ -1,0 +1,265 @@
+"""Prefix caching across prompts (engine/prefix_tree.py): evaluation, generation and the
+no-grad log-prob pass with the grouping by common prefix on and off, on the main job's
+batches, with and without a long shared system prompt, side by side in one process.
+
+Run::
+
+    python scripts/bench/bench_prefix_cache.py                   # SmolLM2-135M, 1 thread
+    python scripts/bench/bench_prefix_cache.py --threshold       # where a shared run pays
+    python scripts/bench/bench_prefix_cache.py --model builtin:tiny --eval-prompts 8
+
+Arms (interleaved rounds; ``off`` is the code before prefix caching: identical prompts share,
+distinct ones do not):
+
+- ``eval``: the held-out evaluation, ``--eval-prompts`` distinct test prompts, one greedy batch
+  of 16 new tokens (``HFGenerator.generate``, as the evaluator calls it).
+- ``gen``: the main job's rollout batch, 8 prompts x 8 samples, sampled with one seed.
+- ``nograd``: the policy's no-grad log-prob pass (proximal, reference and teacher scoring)
+  over that batch, micro-batches as the engine cuts them (``shared_prefix_max_tokens_per_mb``
+  = 1024).
+- ``*_sys``: the same prompts (the no-grad pass: the same completions too) behind a
+  ``--system-tokens`` shared system prompt.
+
+Ratios are medians of per-round ratios: ``X_on/off`` the grouping's speed-up, ``X_sys`` the
+cost of the system prompt with the grouping on (``X_sys_off``: without it), against the same
+batch without the system prompt. ``--threshold`` instead times the no-grad pass over prompts
+whose common head of L tokens is split out or not, for k prompts: where the ratio crosses 1,
+``(k - 1) x L`` is the break-even ``MIN_SAVED_TOKENS``. The last lines are ``name=value``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib, also under runpy
+try:
+    import areal_m2po  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchlib.harness import Clock, interleaved, median_ratio, setup_process  # noqa: E402
+
+INF = float("inf")
+SYSTEM_SENTENCE = (
+    "You are a careful assistant for arithmetic. Read the question, add the two numbers "
+    "digit by digit from the right, carry where a column exceeds nine, check the sum, and "
+    "answer with the number only. "
+)
+
+
+def load(model_path: str) -> tuple[Any, Any]:
+    """The policy (float32, sdpa, eval mode) and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+    from areal_m2po.engine.train_engine import load_causal_lm
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    return load_causal_lm(model_path, "float32", "sdpa").eval(), tok
+
+
+def system_prompt(tok: Any, n_tokens: int) -> str:
+    """A system prompt of about ``n_tokens`` tokens (whole sentences, cut by tokens)."""
+    ids = tok(SYSTEM_SENTENCE * (n_tokens // 8 + 1), add_special_tokens=False)["input_ids"]
+    return tok.decode(ids[:n_tokens])
+
+
+def prompts(tok: Any, split: str, n: int, system: str | None) -> list[list[int]]:
+    """``n`` prompts of the built-in arithmetic data as the trainer builds them."""
+    from areal_m2po.dataset.arithmetic import make_arithmetic_split
+    from areal_m2po.dataset.loader import build_prompts
+
+    records = make_arithmetic_split(split, n, seed=1)  # type: ignore[arg-type]
+    kept, _ = build_prompts(records, tok, 4096, True, system)
+    return [r["prompt_ids"] for r in kept]
+
+
+def relayout(batch: dict[str, Any], new_prompts: list[list[int]], n: int, pad: int) -> Any:
+    """``batch`` (rows ``i * n ..`` sampled from prompt i) with every prompt replaced by
+    ``new_prompts[i]``: the same completions behind other prompts, left-padded again."""
+    import torch
+
+    start = int(batch["loss_mask"].any(0).to(torch.int8).argmax())
+    p = max(len(x) for x in new_prompts)
+    rows, width = batch["input_ids"].shape[0], batch["input_ids"].shape[1] - start
+    out = {
+        "input_ids": torch.full((rows, p + width), pad, dtype=torch.long),
+        "attention_mask": torch.zeros(rows, p + width, dtype=torch.bool),
+        "loss_mask": torch.zeros(rows, p + width, dtype=torch.bool),
+    }
+    for r in range(rows):
+        prompt = torch.tensor(new_prompts[r // n])
+        out["input_ids"][r, p - len(prompt) : p] = prompt
+        out["attention_mask"][r, p - len(prompt) : p] = True
+        out["input_ids"][r, p:] = batch["input_ids"][r, start:]
+        out["attention_mask"][r, p:] = batch["attention_mask"][r, start:]
+        out["loss_mask"][r, p:] = batch["loss_mask"][r, start:]
+    return out
+
+
+def score(model: Any, batch: dict[str, Any], min_saved: float, budget: int = 1024) -> Any:
+    """The engine's shared-prefix no-grad pass (``TrainEngine.forward_tokens``): prompt groups
+    cut within ``budget`` tokens, each micro-batch scored on its prefix tree."""
+    import torch
+
+    from areal_m2po.engine.shared_prefix import forward_logprobs_shared_prefix, shared_prefix_split
+
+    logp = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    with torch.no_grad():
+        for idx in shared_prefix_split(batch, budget) or [torch.arange(logp.shape[0])]:
+            mb = {k: v.index_select(0, idx) for k, v in batch.items()}
+            logp[idx] = forward_logprobs_shared_prefix(model, mb, 1.0, False, min_saved)[0]
+    return logp
+
+
+def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
+    """The timed functions of the default mode, and the results they leave."""
+    import torch
+
+    from areal_m2po.api.cli_args import GenerationConfig
+    from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
+    from areal_m2po.rollout.engines.hf_generator import HFGenerator
+
+    gen = HFGenerator(model, tok, torch.device("cpu"), share=True)
+    g = GenerationConfig(n_samples=args.n_samples, max_new_tokens=16, temperature=1.0)
+    system = system_prompt(tok, args.system_tokens)
+    eval_prompts = prompts(tok, "test", args.eval_prompts, None)
+    train, train_sys = (prompts(tok, "train", args.prompts, s) for s in (None, system))
+    batch = gen.generate(train, g, seed=0)
+    batch_sys = relayout(batch, train_sys, args.n_samples, gen.pad_id)
+    results: dict[str, Any] = {}
+
+    def arm(name: str, kind: str, min_saved: float, sys_prompt: bool) -> None:
+        def run() -> None:
+            gen.min_saved_tokens = min_saved
+            if kind == "eval":
+                results[name] = gen.generate(eval_prompts, g, greedy=True)["input_ids"]
+            elif kind == "gen":
+                results[name] = gen.generate(train_sys if sys_prompt else train, g, seed=1)
+            else:
+                results[name] = score(model, batch_sys if sys_prompt else batch, min_saved)
+
+        fns[name] = run
+
+    fns: dict[str, Any] = {}
+    for kind in ("eval", "gen", "nograd"):
+        for suffix, min_saved, sys_prompt in (
+            ("off", INF, False),
+            ("on", MIN_SAVED_TOKENS, False),
+            ("sys_off", INF, True),
+            ("sys_on", MIN_SAVED_TOKENS, True),
+        ):
+            if kind != "eval" or not sys_prompt:
+                arm(f"{kind}_{suffix}", kind, min_saved, sys_prompt)
+    shapes = {
+        "eval prompts": len(eval_prompts),
+        "prompt tokens": len(train[0]),
+        "with system prompt": len(train_sys[0]),
+        "batch rows": int(batch["input_ids"].shape[0]),
+    }
+    return {"fns": fns, "results": results, "batch": batch, "shapes": shapes}
+
+
+def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -> dict[str, float]:
+    """Print the medians, the ratios and the arms' agreement; return the ratios."""
+    import torch
+
+    for name, secs in times.items():
+        print(f"{name:>14}: {statistics.median(secs):8.3f} s")
+    pairs = {
+        "eval_on/off": ("eval_on", "eval_off"),
+        "gen_on/off": ("gen_on", "gen_off"),
+        "nograd_on/off": ("nograd_on", "nograd_off"),
+        "gen_sys": ("gen_sys_on", "gen_on"),
+        "gen_sys_off": ("gen_sys_off", "gen_off"),
+        "nograd_sys": ("nograd_sys_on", "nograd_on"),
+        "nograd_sys_off": ("nograd_sys_off", "nograd_off"),
+    }
+    figures = {k: median_ratio(times[a], times[b]) for k, (a, b) in pairs.items()}
+    mask = batch["loss_mask"]
+    diff = float((results["nograd_on"] - results["nograd_off"])[mask].abs().max())
+    figures["nograd_max_abs_dlogp"] = diff
+    figures["eval_same_tokens"] = float(torch.equal(results["eval_on"], results["eval_off"]))
+    figures["gen_same_tokens"] = float(
+        torch.equal(results["gen_on"]["input_ids"], results["gen_off"]["input_ids"])
+    )
+    return figures
+
+
+def threshold_arms(model: Any, heads: tuple[int, ...], ks: tuple[int, ...]) -> dict[str, Any]:
+    """Per k and head length L: k prompts (a common head of L tokens, distinct 20-token
+    tails), one 4-token completion each (so the prefill dominates), scored with the head
+    split out or not."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    low = min(100, vocab // 2)  # clear of the special tokens
+    fns: dict[str, Any] = {}
+    for k in ks:
+        for length in heads:
+            head = torch.randint(low, vocab, (length,), generator=g).tolist()
+            rows = []
+            for _ in range(k):
+                tail = torch.randint(low, vocab, (20,), generator=g).tolist()
+                rows.append((head + tail, torch.randint(low, vocab, (4,), generator=g)))
+            p = max(len(x) for x, _ in rows)
+            ids = torch.zeros(len(rows), p + 4, dtype=torch.long)
+            for r, (prompt, comp) in enumerate(rows):
+                ids[r, p - len(prompt) : p], ids[r, p:] = torch.tensor(prompt), comp
+            attn = ids != 0
+            loss = torch.zeros_like(attn)
+            loss[:, p:] = True
+            b = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
+            for split, ms in (("split", 0.0), ("whole", INF)):
+                fns[f"k{k}_L{length}_{split}"] = lambda b=b, ms=ms: score(model, b, ms, 10**9)
+    return fns
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="cpu")
+    ap.add_argument("--eval-prompts", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n-samples", type=int, default=8)
+    ap.add_argument("--system-tokens", type=int, default=300)
+    ap.add_argument("--threshold", action="store_true", help="time where a shared run pays")
+    ap.add_argument("--heads", default="2,4,8,16,32")
+    ap.add_argument("--ks", default="2,8,32")
+    args = ap.parse_args(argv)
+    setup_process(args.threads, "no")
+    import torch
+
+    model, tok = load(args.model)
+    clock = Clock(torch.device("cpu"), args.clock)
+    if args.threshold:
+        heads = tuple(int(x) for x in args.heads.split(","))
+        ks = tuple(int(x) for x in args.ks.split(","))
+        times = interleaved(threshold_arms(model, heads, ks), args.rounds, clock)
+        figures = {}
+        for k in ks:
+            for length in heads:
+                a, b = f"k{k}_L{length}_split", f"k{k}_L{length}_whole"
+                figures[f"k{k}_L{length}_split/whole"] = median_ratio(times[a], times[b])
+                print(f"k={k} L={length:3d} saved={(k - 1) * length:4d}: "
+                      f"{statistics.median(times[a]):.3f} s vs {statistics.median(times[b]):.3f} s")  # fmt: skip
+    else:
+        built = main_arms(args, model, tok)
+        print(", ".join(f"{k}: {v}" for k, v in built["shapes"].items()))
+        times = interleaved(built["fns"], args.rounds, clock)
+        figures = report(times, built["results"], built["batch"])
+    print(f"threads {args.threads}, {clock.kind} seconds, {args.rounds} rounds")
+    for key, value in figures.items():
+        print(f"{key}={value:.4f}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
