@@ -9,7 +9,9 @@ Before the Accelerator starts (:func:`check_config`, from
 
 1. **packages**: a feature the config asks for whose optional packages are missing names the
    extra to install (:func:`check_extras`: async rollout, the agent endpoint, LoRA,
-   TensorBoard, vLLM in this interpreter, a built-in model's packages, flash attention);
+   TensorBoard, vLLM in this interpreter, a built-in model's packages, flash attention), and
+   ``stats_logger.wandb.mode=online`` needs a W&B API key
+   (:func:`~areal_m2po.utils.stats_logger.check_wandb_login`);
 2. **paths**: ``output_dir`` is a folder or can be made one (:func:`check_output_path`), and
    every model, tokenizer, data and executable path the config names can be used
    (:func:`check_paths`; sections that are off are skipped);
@@ -89,6 +91,7 @@ from areal_m2po.engine.builtin_models import (
 from areal_m2po.utils import recover
 from areal_m2po.utils.config_changes import changed_training_keys, config_record, describe
 from areal_m2po.utils.extras import EXTRAS, require_extra
+from areal_m2po.utils.stats_logger import check_wandb_login
 
 __all__ = [
     "check_batch_split",
@@ -123,6 +126,8 @@ def check_config(config: Any) -> None:
     """Steps 1-3 of the module docstring, in order, for any trainer's root config: packages,
     paths, the policy's positions. Run before the Accelerator starts."""
     check_extras(config)
+    if hasattr(config, "stats_logger"):
+        check_wandb_login(config.stats_logger.wandb)
     check_output_path(config.output_dir)
     check_paths(config)
     if isinstance(config, PPOConfig):

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from areal_m2po.api.cli_args import StatsLoggerConfig
-from areal_m2po.api.errors import RunError
+from areal_m2po.api.errors import ConfigError, RunError
 from areal_m2po.utils.progress import HEADLINE_FIELDS, StepProgress
 
 logger = logging.getLogger("areal_m2po.stats")
@@ -82,6 +82,32 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
     return v
+
+
+def check_wandb_login(wandb_config: Any) -> None:
+    """``stats_logger.wandb.mode=online`` (``wandb_config``: the ``WandBConfig``) needs an API
+    key: ``WANDB_API_KEY``, or the netrc entry ``wandb login`` writes for ``WANDB_BASE_URL``'s
+    host; else wandb stops the run after the models load, in a long traceback.
+
+    Raises:
+        ConfigError: one line naming ``stats_logger.wandb.mode``.
+    """
+    if wandb_config.mode != "online" or os.environ.get("WANDB_API_KEY"):
+        return
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        found = netrc.netrc(os.environ.get("NETRC")).authenticators(host or "")
+    except (OSError, netrc.NetrcParseError):
+        found = None
+    if found is None:
+        raise ConfigError(
+            "stats_logger.wandb.mode",
+            f"online needs a W&B API key and none is set (WANDB_API_KEY, or `wandb login` for "
+            f"{host}); use offline (upload later with `wandb sync`) or disabled",
+        )
 
 
 class StatsLogger:

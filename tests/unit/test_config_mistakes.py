@@ -113,3 +113,27 @@ def test_the_advice_to_evaluate_nothing_is_accepted_by_that_trainer(
         assert match is not None and match.group(1) == no_evaluation_overrides(cls)
         quiet = load_config([f"train_dataset.path={data}", *match.group(1).split()], cls)
         assert evaluation_note(quiet, is_main=True) == "no evaluation"
+
+
+def test_wandb_online_without_a_key_is_one_line_before_any_model(tmp_path, monkeypatch):
+    from areal_m2po.utils.stats_logger import check_wandb_login
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    online = load_config(["stats_logger.wandb.mode=online"])
+    with pytest.raises(ConfigError) as caught:
+        check_wandb_login(online.stats_logger.wandb)
+    assert str(caught.value) == (
+        "stats_logger.wandb.mode: online needs a W&B API key and none is set (WANDB_API_KEY, "
+        "or `wandb login` for api.wandb.ai); use offline (upload later with `wandb sync`) or "
+        "disabled"
+    )
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password k\n")
+    (tmp_path / "netrc").chmod(0o600)
+    check_wandb_login(online.stats_logger.wandb)  # `wandb login` wrote the key
+    monkeypatch.setenv("NETRC", str(tmp_path / "missing"))
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    check_wandb_login(online.stats_logger.wandb)
+    monkeypatch.delenv("WANDB_API_KEY")
+    check_wandb_login(load_config(["stats_logger.wandb.mode=offline"]).stats_logger.wandb)
