@@ -38,17 +38,12 @@ Then the trainer (its constructor, before it loads a model):
 7. **batch split**: the global batch splits evenly over the processes
    (:func:`check_batch_split`, :func:`check_rl_batch`).
 
-Paths (step 2), by the section classes, so a new trainer's sections are checked without
-listing them here: models are ``path`` and ``tokenizer_path`` of every trained model, the
-reference (``ref``, or the root ``ref_path``), the teacher and a learned reward
-(``reward.model``), and the root ``tokenizer_path``. A ``builtin:`` name must be a known
-built-in; a local directory must hold a model (``config.json``, or ``adapter_config.json`` for
-a LoRA adapter); a path that is not a valid hub id (``org/name``), that starts with ``/``,
-``./``, ``../`` or ``~``, or whose first part is a folder here must exist; a hub id must be
-in the local cache when
-``HF_HUB_OFFLINE`` forbids downloading it. A data ``path`` ending in
-``.jsonl``/``.json``/``.parquet`` must be a file, and a local-looking ``datasets`` directory
-must exist. ``rollout.vllm.python`` must be an executable.
+Paths (step 2) follow from the section classes, so a new trainer's sections are checked
+without being listed: a ``builtin:`` name must be known; a local model folder must hold
+``config.json`` (a frozen model may be a LoRA adapter's folder, a model to train may not); a
+path that cannot be a hub id, starts with ``/ ./ ../ ~`` or whose first part is a folder here
+must exist; a hub id must be cached while ``HF_HUB_OFFLINE`` forbids downloads; a data file
+(``.jsonl .json .parquet .csv``) must exist; ``rollout.vllm.python`` must be an executable.
 
 The output folder (step 4): a folder that holds a run (a non-empty ``metrics.jsonl``, a saved
 model under ``checkpoints/``, a recover checkpoint under ``recover/``) is resumed when
@@ -134,9 +129,7 @@ def check_config(config: Any) -> None:
         check_positions(config)
 
 
-# ---------------------------------------------------------------------------------------------
-# 1. packages
-# ---------------------------------------------------------------------------------------------
+# -- 1. packages -----------------------------------------------------------------------------------
 
 
 def config_extras(config: Any) -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
@@ -221,14 +214,13 @@ def _string_values(section: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             yield from _string_values(value, f"{prefix}{f.name}.")
 
 
-# ---------------------------------------------------------------------------------------------
-# 2. paths
-# ---------------------------------------------------------------------------------------------
+# -- 2. paths --------------------------------------------------------------------------------------
 
 
 def config_paths(section: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """``(dotted key, value, kind)`` of every path ``section`` (a root config) names, kind
-    ``model``, ``tokenizer``, ``data`` or ``executable``; sections that are off skipped."""
+    ``trained`` (a model the run trains), ``model``, ``tokenizer``, ``data`` or
+    ``executable``; sections that are off skipped."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         key = prefix + f.name
@@ -240,6 +232,8 @@ def config_paths(section: Any, prefix: str = "") -> Iterator[tuple[str, str, str
             continue
         if f.name == "tokenizer_path":
             yield key, value, "tokenizer"
+        elif f.name == "path" and isinstance(section, TrainedModelConfig):
+            yield key, value, "trained"
         elif f.name == "ref_path" or (f.name == "path" and isinstance(section, _MODEL_SECTIONS)):
             yield key, value, "model"
         elif f.name == "path" and isinstance(section, _DATA_SECTIONS):
@@ -258,7 +252,23 @@ def check_paths(config: Any) -> None:
             if shutil.which(value) is None:
                 raise ConfigError(key, f"{value} is not an executable file (nor on PATH)")
         else:
-            _check_model_path(key, value, needs_model=kind == "model")
+            _check_model_path(key, value, needs_model=kind != "tokenizer")
+            if kind == "trained":
+                _check_not_an_adapter(key, value)
+
+
+def _check_not_an_adapter(key: str, path: str) -> None:
+    """A model to train must be whole: a LoRA adapter's folder (``adapter_config.json``, no
+    ``config.json``) loads with every weight frozen, and the optimizer finds no parameter."""
+    if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+        os.path.join(path, "config.json")
+    ):
+        raise ConfigError(
+            key,
+            f"{path} is a LoRA adapter, not a model to train: set {key} to its base model "
+            f"(its adapter_config.json names it) and {key.rsplit('.', 1)[0]}.lora to train an "
+            "adapter, or merge it into the base first (peft: merge_and_unload)",
+        )
 
 
 def looks_local(path: str) -> bool:
@@ -353,9 +363,7 @@ def _check_data_path(key: str, path: str) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# 3. positions
-# ---------------------------------------------------------------------------------------------
+# -- 3. positions ----------------------------------------------------------------------------------
 
 
 def max_positions_of(model_path: str | None) -> int | None:
@@ -378,9 +386,7 @@ def check_positions(config: PPOConfig) -> None:
     config.check_model_positions(max_positions_of(path), f"{path}/config.json")
 
 
-# ---------------------------------------------------------------------------------------------
-# 4. output folder
-# ---------------------------------------------------------------------------------------------
+# -- 4. output folder ------------------------------------------------------------------------------
 
 
 def previous_run(output_dir: str) -> list[str]:
@@ -478,9 +484,7 @@ def _check_resumable(path: str, config: Any, world: int) -> None:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# 6. launch, 7. batch split
-# ---------------------------------------------------------------------------------------------
+# -- 6. launch, 7. batch split ---------------------------------------------------------------------
 
 
 def check_launch(

@@ -137,3 +137,22 @@ def test_wandb_online_without_a_key_is_one_line_before_any_model(tmp_path, monke
     check_wandb_login(online.stats_logger.wandb)
     monkeypatch.delenv("WANDB_API_KEY")
     check_wandb_login(load_config(["stats_logger.wandb.mode=offline"]).stats_logger.wandb)
+
+
+def test_a_lora_adapter_folder_is_refused_as_a_model_to_train(tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "org/base"}')
+    cfg = load_config([f"actor.path={adapter}", "ref.path=builtin:tiny"])
+    with pytest.raises(ConfigError) as caught:
+        check_paths(cfg)
+    assert str(caught.value) == (
+        f"actor.path: {adapter} is a LoRA adapter, not a model to train: set actor.path to its "
+        "base model (its adapter_config.json names it) and actor.lora to train an adapter, or "
+        "merge it into the base first (peft: merge_and_unload)"
+    )
+    # as a frozen model (the reference) an adapter's folder is fine
+    check_paths(load_config(["actor.path=builtin:tiny", f"ref.path={adapter}"]))
+    sft = load_config([f"model.path={adapter}"], SFTConfig)
+    with pytest.raises(ConfigError, match=r"^model\.path: .* set model\.path to its base model"):
+        check_paths(sft)
