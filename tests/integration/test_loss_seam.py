@@ -9,6 +9,7 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, PPOConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.ppo.actor import PPOActor, _apply_m2po_masking
 from areal_m2po.trainer.ppo.loss_fn import LossContext, library_actor_loss, load_actor_loss_fn
 
@@ -140,3 +141,27 @@ def test_phases_time_into_stats_and_tell_callbacks_even_on_error():
         ("end", "sync"),
     ]
     assert list(stats) == ["timing/update_s"] and stats["timing/update_s"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [
+        (lambda logp: float(logp.sum()), "float"),
+        (lambda logp: logp.sum(), "Tensor[]"),
+        (lambda logp: (logp, {}), "(Tensor[2, 6], dict)"),
+        (lambda logp: (logp.sum(), None), "(Tensor[], NoneType)"),
+    ],
+)
+def test_a_custom_loss_that_returns_the_wrong_thing_is_one_line(returned, shown):
+    def bad_loss(logp, entropy, batch, ctx):
+        return returned(logp)
+
+    actor = PPOActor(ActorConfig(), None, 2, 6, loss_fn=bad_loss)  # type: ignore[arg-type]
+    mb = _micro_batch()
+    with pytest.raises(RunError) as caught:
+        actor._microbatch_loss(mb["prox_logp"], torch.zeros(2, 6), mb, step_in_update=0)
+    assert str(caught.value) == (
+        f"actor.loss_fn: {__name__}:test_a_custom_loss_that_returns_the_wrong_thing_is_one_line"
+        f".<locals>.bad_loss returned {shown}; a loss returns (loss, stats): a 0-dim tensor and "
+        "a dict of named statistics"
+    )

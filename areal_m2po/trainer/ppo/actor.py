@@ -48,6 +48,7 @@ from areal_m2po.trainer.ppo.adv_estimator import load_adv_estimator
 from areal_m2po.trainer.ppo.loss_fn import (
     ActorLossFn,
     LossContext,
+    checked_loss_result,
     custom_loss_name,
     load_actor_loss_fn,
 )
@@ -472,7 +473,10 @@ class PPOActor:
         ctx = LossContext(
             self.config, self.max_new_tokens, step_in_update, self.plan.ppo_spec, self.plan
         )
-        loss, loss_stats = self.loss_fn(logp, entropy, prepared, ctx)
+        result = self.loss_fn(logp, entropy, prepared, ctx)
+        if self.plan.custom_loss is not None:  # the user's code: its result checked
+            result = checked_loss_result(result, self.plan.custom_loss)
+        loss, loss_stats = result
         stats.update(loss_stats)
         stats["actor/loss"] = loss.detach()
         loss_mask = mb["loss_mask"]

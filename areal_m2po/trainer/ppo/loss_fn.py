@@ -25,12 +25,14 @@ from areal_m2po.algo.cispo_loss import cispo_loss
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.sapo_loss import sapo_loss
 from areal_m2po.api.cli_args import ActorConfig
+from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.ppo.plan import ActorPlan, ppo_loss_spec, resolve_actor_plan
 from areal_m2po.utils.imports import load_object
 
 __all__ = [
     "ActorLossFn",
     "LossContext",
+    "checked_loss_result",
     "custom_loss_name",
     "library_actor_loss",
     "load_actor_loss_fn",
@@ -150,6 +152,35 @@ def load_actor_loss_fn(spec: str | None) -> ActorLossFn:
         return library_actor_loss
     fn: ActorLossFn = load_object(spec, "actor.loss_fn")
     return fn
+
+
+def checked_loss_result(result: object, name: str) -> tuple[torch.Tensor, dict]:
+    """``result`` of the custom loss ``name`` when it is what a loss returns, ``(loss,
+    stats)``: a 0-dim tensor and a dict of named statistics.
+
+    Raises:
+        RunError: one line naming ``actor.loss_fn`` and what it returned instead.
+    """
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], torch.Tensor)
+        and result[0].ndim == 0
+        and isinstance(result[1], dict)
+    ):
+        return result[0], result[1]
+
+    def shown(x: object) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"Tensor{list(x.shape)}"
+        if isinstance(x, tuple):
+            return "(" + ", ".join(shown(v) for v in x[:4]) + (", ..." if len(x) > 4 else "") + ")"
+        return type(x).__name__
+
+    raise RunError(
+        f"actor.loss_fn: {name} returned {shown(result)}; a loss returns (loss, stats): a "
+        "0-dim tensor and a dict of named statistics"
+    )
 
 
 def custom_loss_name(loss_fn: ActorLossFn, configured: str | None) -> str | None:
