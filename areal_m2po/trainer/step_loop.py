@@ -33,7 +33,7 @@ from areal_m2po.trainer.run_setup import EXIT_BAD_INPUT, build_or_report, write_
 from areal_m2po.utils import dist, recover
 from areal_m2po.utils.console import print_error
 
-__all__ = ["RecoverableStepLoop", "StepLoop", "epoch_loader", "run_trainer"]
+__all__ = ["RecoverableStepLoop", "SaveFailed", "StepLoop", "epoch_loader", "run_trainer"]
 
 logger = logging.getLogger("areal_m2po.trainer")
 
@@ -54,6 +54,10 @@ def epoch_loader(items: Sequence[Any], config: Any) -> tuple[Any, int]:
     )
     steps = loader.steps_per_epoch * config.total_train_epochs
     return loader, min(steps, config.total_train_steps) if config.total_train_steps else steps
+
+
+class SaveFailed(RunError):
+    """A save into the output folder failed (exit status 1)."""
 
 
 class StepLoop:
@@ -245,18 +249,39 @@ class StepLoop:
         if stop is None and (self._due("evaluator") or (last and cfg.evaluator.eval_at_end)):
             stats.update(self.evaluate())
             self._cadence("evaluator").ran()
+        failed = None
         if stop is None and self._due("saver"):
-            self.save_hf(f"step_{self.step}")
-            self._cadence("saver").ran()
+            try:
+                self.saved("saver", lambda: self.save_hf(f"step_{self.step}"))
+                self._cadence("saver").ran()
+            except SaveFailed as exc:  # the step's metrics line is written first
+                failed = exc
         stats["timing/step_s"] = time.perf_counter() - t_start
         self.stats_logger.log(self.step, stats)
-        if stop is not None:
-            raise stop
+        if stop is not None or failed is not None:
+            raise stop or failed
 
     def _save_final(self) -> None:
         """The ``final`` HF save after the loop (``saver.save_at_end``; not after SIGTERM)."""
         if self.config.saver.save_at_end and not self.stop_requested:
-            self.save_hf("final")
+            self.saved("saver", lambda: self.save_hf("final"))
+
+    def saved(self, what: str, save: Callable[[], str]) -> str:
+        """``save()`` (a save into the output folder; its path), a failed write (a full
+        disk, a folder gone or read-only) turned into one line naming the ``what`` section.
+
+        Raises:
+            SaveFailed: exit status 1; the metrics and the checkpoints written before stay.
+        """
+        try:
+            return save()
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            raise SaveFailed(
+                f"{what}: a save into {self.output_dir} failed ({type(exc).__name__}:{where} "
+                f"{exc.strerror or exc}); metrics.jsonl and the checkpoints written before "
+                "are kept"
+            ) from exc
 
     def _save_engine_hf(self, engine: Any, tag: str, what: str) -> str:
         """``engine.save_hf`` with the trainer's ``tokenizer`` into
@@ -291,7 +316,10 @@ class RecoverableStepLoop(StepLoop):
 
     def save_checkpoint(self) -> str:
         """Write a recover checkpoint after ``self.step`` (every rank calls it). Its path."""
-        return self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir))
+        return self.saved(
+            "recover",
+            lambda: self.checkpoints.save(self.step, lambda shard_dir: self.state_dict(shard_dir)),
+        )
 
     def resume(self) -> bool:
         """Load the recover checkpoint ``recover.mode`` asks for; True when one was loaded.

@@ -95,3 +95,17 @@ def test_a_resume_with_changed_training_keys_is_refused_unless_allowed(tmp_path:
     assert _lr(out) == 2e-4
     steps = [m["step"] for m in read_metrics(out) if "actor/loss" in m]
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_failed_save_is_one_line_and_keeps_the_metrics(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("a file where the saves go")  # every save fails
+    proc = _run(f"output_dir={out}", "total_train_steps=2", "saver.freq_steps=1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = _error_lines(proc)
+    assert line.startswith(f"error: saver: a save into {out} failed (")
+    assert line.endswith("; metrics.jsonl and the checkpoints written before are kept")
+    # the step whose save failed still has its metrics line
+    assert [m["step"] for m in read_metrics(out) if "actor/loss" in m] == [1]
