@@ -184,7 +184,10 @@ def test_worker_labels_each_row_of_an_interrupted_batch():
         worker.close()
     assert replies[0]["meta_info"]["finish_reason"] == {"type": "stop", "matched": None}
     assert replies[1]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert replies[1]["output_ids"] == want_b[:CUT_AT]
+    # the tokens made before the cut, exactly: A and B share their head ("ab "), which the
+    # generator prefills in a pass of its own, so the CUT_AT-th pass may make token CUT_AT - 1
+    cut = replies[1]["output_ids"]
+    assert CUT_AT - 1 <= len(cut) <= CUT_AT and cut == want_b[: len(cut)]
 
 
 def _run_paused(engine: HFInProcessEngine, requests: list[ModelRequest], between: Any) -> list:
