@@ -91,19 +91,23 @@ def test_chat_stream_matches_the_recorded_call_and_n_choices_are_each_recorded()
         assert chunks[-2].choices[0].finish_reason in ("stop", "length")
         many = await client.chat.completions.create(model="p", messages=messages, n=3)
         assert [c.index for c in many.choices] == [0, 1, 2]
-        assert len(session.calls) == 4 and session.interactions[many.id] == [1, 2, 3]
+        # the choices are generated at once, so their records are kept in the order they end
+        assert len(session.calls) == 4 and sorted(session.interactions[many.id]) == [1, 2, 3]
         assert many.usage.completion_tokens == sum(
             len(session.calls[i].completion_ids) for i in (1, 2, 3)
         )
-        for i, choice in zip((1, 2, 3), many.choices):  # each choice: its own exact record
-            assert choice.message.content == tokenizer.decode(
-                [t for t in session.calls[i].completion_ids if t != eos]
-            )
+        texts = {
+            i: tokenizer.decode([t for t in session.calls[i].completion_ids if t != eos])
+            for i in (1, 2, 3)
+        }
+        # each choice: its own exact record
+        assert sorted(c.message.content for c in many.choices) == sorted(texts.values())
         # continuing choice 1 merges onto exactly that call's tokens
         follow = [*messages, many.choices[1].message, {"role": "user", "content": "more"}]
         await client.chat.completions.create(model="p", messages=follow)
-        assert session.calls[-1].parent == 2
-        chained = session.calls[2]
+        parent = session.calls[-1].parent
+        assert parent in texts and texts[parent] == many.choices[1].message.content
+        chained = session.calls[parent]
         assert session.calls[-1].prompt_ids[
             : len(chained.prompt_ids) + len(chained.completion_ids)
         ] == (chained.prompt_ids + chained.completion_ids)
