@@ -166,7 +166,7 @@ def test_resume_restarts_generation_at_the_checkpoint_version(tmp_path):
 def test_hung_server_is_detected_by_health_checks(tmp_path):
     """A server that stops answering (SIGSTOP) is declared dead by the /health probes long
     before its request would time out, with one line naming it."""
-    from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
+    from areal_m2po.rollout.engines.remote.base import PROBES_TO_DROP, RemoteEngineOptions
     from areal_m2po.rollout.engines.remote.errors import RolloutServerError
     from areal_m2po.rollout.engines.remote.sglang import RemoteSGLangEngine
 
@@ -196,7 +196,10 @@ def test_hung_server_is_detected_by_health_checks(tmp_path):
         request = ModelRequest([5, 6], SamplingParams(max_new_tokens=4))
         with pytest.raises(RolloutServerError) as info:
             asyncio.run(engine.agenerate(request))
-        assert str(info.value) == f"rollout server {addr}: did not answer /health within 1s"
+        assert str(info.value) == (
+            f"rollout server {addr}: did not answer /health within 1s, "
+            f"{PROBES_TO_DROP} probes in a row"
+        )
         with pytest.raises(RolloutServerError):  # and it stays failed
             engine.check_health()
     finally:
