@@ -110,12 +110,7 @@ class RWConfig(BaseExperimentConfig):
     def check_required(self) -> None:
         """Fields that have no usable default; checked when a run starts (so ``RWConfig()``,
         ``--help`` and ``--print-config`` work without them)."""
-        if self.train_dataset.path is None:
-            raise ConfigError(
-                "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
-            )
-        if self.valid_dataset is not None and self.valid_dataset.path is None:
-            raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
+        _check_preference_data(self)
 
 
 # supervised fine-tuning (python -m areal_m2po.train_sft)
@@ -250,9 +245,15 @@ class DPOConfig(BaseExperimentConfig):
     def check_required(self) -> None:
         """Fields that have no usable default; checked when a run starts (so ``DPOConfig()``,
         ``--help`` and ``--print-config`` work without them)."""
-        if self.train_dataset.path is None:
-            raise ConfigError(
-                "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
-            )
-        if self.valid_dataset is not None and self.valid_dataset.path is None:
-            raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
+        _check_preference_data(self)
+
+
+def _check_preference_data(config: RWConfig | DPOConfig) -> None:
+    """The preference data a reward-model or DPO run needs: a training file, and a held-out
+    file when ``valid_dataset`` is on (ConfigError naming the key)."""
+    if config.train_dataset.path is None:
+        raise ConfigError(
+            "train_dataset.path", "must be set: a preference .jsonl/.json/.parquet file"
+        )
+    if config.valid_dataset is not None and config.valid_dataset.path is None:
+        raise ConfigError("valid_dataset.path", "must be set when valid_dataset is on")
