@@ -452,7 +452,7 @@ def _load_areal(
         _set_plain(node, key, _override_value(key, raw, cls))
         _merge_plain(tree, node)
     tree = _resolve(tree)
-    ignored = areal_config.translate(tree)
+    ignored = areal_config.translate(tree, set(default_tree(cls)))
     checked = default_tree(cls)
     areal_config.apply_areal_defaults(checked)
     _merge_mapping(checked, tree, cls, "", cls)
