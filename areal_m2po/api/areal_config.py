@@ -48,6 +48,7 @@ __all__ = [
     "leaf_items",
     "looks_like_areal",
     "translate",
+    "with_section_switches",
 ]
 
 SWITCH = "areal_compat"
@@ -213,6 +214,17 @@ def looks_like_areal(data: Mapping[str, Any]) -> bool:
     """Whether a file's top-level mapping is AReaL's: ``areal_compat: true`` or a key only
     AReaL's files have."""
     return data.get(SWITCH) is True or any(key in data for key in AREAL_MARKERS)
+
+
+def with_section_switches(data: Mapping[str, Any]) -> dict[str, Any]:
+    """One AReaL file's mapping, with ``critic.enabled: true`` where it has a ``critic``
+    section (AReaL builds a critic whenever the section exists; this trainer's default tree
+    always has one, switched off). The file itself is not changed."""
+    out = dict(data)
+    critic = out.get("critic")
+    if isinstance(critic, Mapping) and "enabled" not in critic:
+        out["critic"] = {**critic, "enabled": True}
+    return out
 
 
 def apply_areal_defaults(tree: dict[str, Any]) -> None:

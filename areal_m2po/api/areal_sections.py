@@ -108,6 +108,11 @@ MAPPED_MORE: dict[str, str] = {
     "rollout.agent.message_preprocessors": "[] dropped; hooks of AReaL's proxy are refused",
     "rollout.agent.prefix_matcher": "null dropped; hooks of AReaL's proxy are refused",
     "rollout.agent.agent_cls_path": "'' dropped; AReaL's agent service is refused",
+    "actor.prox_logp_method": "metrics (AReaL: recompute, and log how far its "
+    "approximations are from it): recompute, without those extra metrics",
+    "workflow": "the agent class of AReaL's agent example script: rollout.workflow agent, "
+    "rollout.workflow_kwargs.agent 'module:Class' (docs/agents.md)",
+    "eval_workflow": "must equal workflow (evaluation runs the training workflow), then dropped",
     "*._version": "v1 (AReaL's default controller) dropped; v2 (AReaL's inference and agent "
     "service) is refused",
 }
@@ -158,6 +163,33 @@ def map_sections(tree: dict[str, Any]) -> None:
     _map_teacher(tree)
     _map_service_keys(tree)
     _map_dynamic_bs(tree)
+    _map_agent_workflow(tree)
+    actor = tree.get("actor")
+    if isinstance(actor, dict) and actor.get("prox_logp_method") == "metrics":
+        actor["prox_logp_method"] = "recompute"
+
+
+def _map_agent_workflow(tree: dict[str, Any]) -> None:
+    """AReaL's agent example (``examples/agent_workflow``): a top-level ``workflow`` naming the
+    agent class its script runs in agent mode, ``eval_workflow`` the same one."""
+    agent = tree.pop("workflow", _MISSING)
+    if agent is _MISSING:
+        return
+    if not isinstance(agent, str) or "." not in agent:
+        raise ConfigError("workflow", f"must be the dotted path of an agent, got {agent!r}")
+    evaluated = tree.pop("eval_workflow", agent)
+    if evaluated != agent:
+        raise ConfigError(
+            "eval_workflow",
+            f"must equal workflow ({agent!r}): evaluation runs the training workflow here",
+        )
+    module, _, name = agent.rpartition(".")
+    rollout = tree.setdefault("rollout", {})
+    rollout["workflow"] = "agent"
+    rollout["workflow_kwargs"] = {
+        **(rollout.get("workflow_kwargs") or {}),
+        "agent": f"{module}:{name}",
+    }
 
 
 def drop_idle_rejection_sampling(tree: dict[str, Any]) -> list[str]:
@@ -256,7 +288,6 @@ def _map_critic(tree: dict[str, Any]) -> None:
     eps_clip = _pop(critic, "eps_clip")
     if eps_clip is not _MISSING:
         critic["value_eps_clip"] = eps_clip
-    critic.setdefault("enabled", True)
 
 
 def _map_lora(tree: dict[str, Any]) -> None:

@@ -446,7 +446,7 @@ def _load_areal(
     tree = default_tree(cls)
     areal_config.apply_areal_defaults(tree)
     for data in datas:
-        _merge_plain(tree, data)
+        _merge_plain(tree, areal_config.with_section_switches(data))
     for key, raw in overrides:
         node: dict[str, Any] = {}
         _set_plain(node, key, _override_value(key, raw, cls))
