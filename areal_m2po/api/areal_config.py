@@ -219,8 +219,9 @@ def looks_like_areal(data: Mapping[str, Any]) -> bool:
 def with_section_switches(data: Mapping[str, Any]) -> dict[str, Any]:
     """One AReaL file's mapping, with ``critic.enabled: true`` where it has a ``critic``
     section (AReaL builds a critic whenever the section exists; this trainer's default tree
-    always has one, switched off). The file itself is not changed."""
-    out = dict(data)
+    always has one, switched off), and without a ``critic: null`` or ``ref: null`` (AReaL's
+    "none"; here the default sections, the critic off). The file itself is not changed."""
+    out = {k: v for k, v in data.items() if not (k in ("critic", "ref") and v is None)}
     critic = out.get("critic")
     if isinstance(critic, Mapping) and "enabled" not in critic:
         out["critic"] = {**critic, "enabled": True}

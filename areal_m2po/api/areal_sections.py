@@ -263,7 +263,9 @@ def _map_service_keys(tree: dict[str, Any]) -> None:
 
 def _map_dynamic_bs(tree: dict[str, Any]) -> None:
     value = tree.pop("dynamic_bs", _MISSING)
-    filtering = (tree.get("rollout") or {}).get("dynamic_filtering") is True
+    filtering = (tree.get("rollout") or {}).get("dynamic_filtering") is True or (
+        tree.get("actor") or {}
+    ).get("dynamic_sampling") is True  # AReaL's older name, renamed later
     if value is False and filtering:
         raise ConfigError(
             "dynamic_bs",
