@@ -20,11 +20,16 @@ and after it is merged and its ``${...}`` interpolations resolved (:func:`transl
   (``vllm.model`` = ``actor.path``: checked, then dropped);
 * keys about AReaL's own machinery (:data:`IGNORED`) are dropped and returned, so the loader
   prints one warning line listing them;
-* anything else stays, so an unknown key is still a one-line error.
+* the sections and keys that take more than a rename (the critic section, the flat LoRA keys,
+  the teacher section, the agent example's keys, the leftover SGLang/vLLM server knobs) are
+  :mod:`areal_m2po.api.areal_sections`' (merged into :data:`IGNORED` and :data:`MAPPED`);
+* a top-level key that AReaL's ``PPOConfig`` does not have either is refused as the key of an
+  AReaL example script; anything else stays, so an unknown key is still a one-line error.
 
 A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
-``init_from_scratch: true``, Megatron) is a one-line :class:`ConfigError` naming the key. The
-module works on plain dicts; it imports only :mod:`areal_m2po.api.errors`.
+``init_from_scratch: true``, Megatron, a hybrid MoE allocation, a VLM) is a one-line
+:class:`ConfigError` naming the key. The module works on plain dicts; it imports only
+:mod:`areal_m2po.api.errors` and :mod:`areal_m2po.api.areal_sections`.
 """
 
 from __future__ import annotations

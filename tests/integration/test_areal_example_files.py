@@ -124,3 +124,21 @@ def test_the_files_marked_trains_train_two_steps_on_the_tiny_model(name, tmp_pat
         assert [r["m2po/threshold"] for r in rows] == pytest.approx([0.04, 0.04])
     if "distill" in name:  # its teacher section built a teacher
         assert all(math.isfinite(r["distill/reverse_kl"]) for r in rows)
+
+
+def test_the_sweep_script_prints_one_line_per_file(tmp_path, capsys):
+    from script_loader import load_script
+
+    sweep = load_script("scripts/areal_config_sweep.py")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "good.yaml").write_text("cluster:\n  n_nodes: 1\nseed: 3\n")
+    (tmp_path / "sub" / "bad.yml").write_text(
+        "cluster:\n  n_nodes: 1\nactor:\n  backend: 'megatron:d2'\n"
+    )
+    (tmp_path / "skipped.yaml").write_text("seed: [\n")
+    (tmp_path / "notes.txt").write_text("not a config")
+    assert sweep.main([str(tmp_path), "--skip", "skipped.yaml"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "good.yaml: loads"
+    assert lines[1].startswith("sub/bad.yml: error: actor.backend: 'megatron:d2': the megatron")
+    assert lines[2:] == ["1 of 2 load"]
