@@ -41,14 +41,15 @@ IGNORED_MORE: dict[str, str] = {
     "fragmentation; the values are the same, only memory and time differ",
     "recover.retries": "AReaL's launcher restarts a failed run this many times; here a "
     "restarted command resumes from the last recover checkpoint (recover.mode=auto)",
-    "rollout.request_retries": "AReaL's retries of a failed request to its inference server; "
-    "our client retries a server that drops a request by itself",
+    "rollout.request_retries": "AReaL resends a failed request to its inference server; here "
+    "a failed server is dropped, its requests continue on the others with "
+    "rollout.tolerate_server_failures",
     "rollout.pause_grace_period": "AReaL's wait after pausing its servers for a weight update",
     "rollout.workers_ready_timeout": "AReaL's wait for its rollout workers to start",
-    "rollout.check_trajectory_format": "AReaL's debug check of a custom workflow's output; "
-    "here every trajectory's shapes are checked always",
-    "*.grad_reduce_dtype": "AReaL's gradient reduce dtype; here actor.fsdp.reduce_dtype "
-    "(float32 by default, as AReaL's)",
+    "rollout.check_trajectory_format": "AReaL's debug check of a custom workflow's output "
+    "format (a debugging aid; it changes no result)",
+    "*.grad_reduce_dtype": "the gradient-reduce dtype of AReaL's engines; here "
+    "actor.fsdp.reduce_dtype (backend fsdp2) sets it",
     "*.fsdp.memory_efficient_load": "AReaL's rank-0 weight load for large models; the weights "
     "are the same",
     "gconfig.lora_name": "the adapter's name in AReaL's inference servers; the engine names it",
