@@ -20,11 +20,16 @@ and after it is merged and its ``${...}`` interpolations resolved (:func:`transl
   (``vllm.model`` = ``actor.path``: checked, then dropped);
 * keys about AReaL's own machinery (:data:`IGNORED`) are dropped and returned, so the loader
   prints one warning line listing them;
-* anything else stays, so an unknown key is still a one-line error.
+* the sections and keys that take more than a rename (the critic section, the flat LoRA keys,
+  the teacher section, the agent example's keys, the leftover SGLang/vLLM server knobs) are
+  :mod:`areal_m2po.api.areal_sections`' (merged into :data:`IGNORED` and :data:`MAPPED`);
+* a top-level key that AReaL's ``PPOConfig`` does not have either is refused as the key of an
+  AReaL example script; anything else stays, so an unknown key is still a one-line error.
 
 A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
-``init_from_scratch: true``, Megatron) is a one-line :class:`ConfigError` naming the key. The
-module works on plain dicts; it imports only :mod:`areal_m2po.api.errors`.
+``init_from_scratch: true``, Megatron, a hybrid MoE allocation, a VLM) is a one-line
+:class:`ConfigError` naming the key. The module works on plain dicts; it imports only
+:mod:`areal_m2po.api.errors` and :mod:`areal_m2po.api.areal_sections`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from areal_m2po.api import areal_sections
 from areal_m2po.api.errors import ConfigError
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "leaf_items",
     "looks_like_areal",
     "translate",
+    "with_section_switches",
 ]
 
 SWITCH = "areal_compat"
@@ -99,6 +106,7 @@ _NAMED_SECTIONS = [
     "recover",
     "evaluator",
     "stats_logger",
+    "teacher",
 ]
 
 IGNORED: dict[str, str] = {
@@ -138,6 +146,7 @@ IGNORED: dict[str, str] = {
     "max_new_tokens",
     "sglang.mem_fraction_static": "SGLang's GPU memory share",
     "vllm.skip_tokenizer_init": "the rollout always sends token ids",
+    **areal_sections.IGNORED_MORE,
 }
 """AReaL keys with no meaning here (dotted, ``*`` any section; a section name covers all
 its keys) and why: dropped and listed in one warning line."""
@@ -191,8 +200,11 @@ MAPPED: dict[str, str] = {
     "token_truncate, sequence_mask, sequence_truncate)",
     "actor.behav_imp_weight_mode": "as actor.behave_imp_weight_mode",
     "actor.rejection_sampling": "AReaL's defaults for what the file leaves out (upper 5.0); "
-    "its behaviour weight is applied (actor.use_behave_imp_weight)",
+    "its behaviour weight is applied (actor.use_behave_imp_weight); without the decoupled "
+    "loss and the recompute (the weight is 1, AReaL's SAPO does not read it) dropped and "
+    "listed in the warning line",
     "actor.use_decoupled_loss": "true also sets recompute_logprob, as in AReaL",
+    **areal_sections.MAPPED_MORE,
 }
 """AReaL keys rewritten onto this trainer's and how (for the docs and
 :func:`areal_key_status`)."""
@@ -207,6 +219,18 @@ def looks_like_areal(data: Mapping[str, Any]) -> bool:
     """Whether a file's top-level mapping is AReaL's: ``areal_compat: true`` or a key only
     AReaL's files have."""
     return data.get(SWITCH) is True or any(key in data for key in AREAL_MARKERS)
+
+
+def with_section_switches(data: Mapping[str, Any]) -> dict[str, Any]:
+    """One AReaL file's mapping, with ``critic.enabled: true`` where it has a ``critic``
+    section (AReaL builds a critic whenever the section exists; this trainer's default tree
+    always has one, switched off), and without a ``critic: null`` or ``ref: null`` (AReaL's
+    "none"; here the default sections, the critic off). The file itself is not changed."""
+    out = {k: v for k, v in data.items() if not (k in ("critic", "ref") and v is None)}
+    critic = out.get("critic")
+    if isinstance(critic, Mapping) and "enabled" not in critic:
+        out["critic"] = {**critic, "enabled": True}
+    return out
 
 
 def apply_areal_defaults(tree: dict[str, Any]) -> None:
@@ -230,6 +254,8 @@ def areal_key_status(key: str) -> str:
         return "ignored"
     if _rule(key, MAPPED) is not None:
         return "mapped"
+    if _rule(key, areal_sections.SERVER_LEFTOVERS) is not None:
+        return "ignored"
     return "honoured"
 
 
@@ -287,27 +313,30 @@ def _set(tree: dict[str, Any], key: str, value: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def translate(tree: dict[str, Any]) -> list[str]:
+def translate(tree: dict[str, Any], known: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """Rewrite a merged, resolved tree that holds an AReaL file's keys into this trainer's
     keys, in place. Returns the sorted AReaL keys dropped as meaningless here (:data:`IGNORED`).
+    ``known``: this trainer's top-level keys; with them, a top-level key that neither AReaL's
+    PPOConfig nor this trainer has is refused as the key of an AReaL example script.
 
     Raises:
         ConfigError: a value this trainer cannot honour, or two keys that disagree.
     """
     tree.pop(SWITCH, None)
     ignored = _drop_ignored(tree)
+    areal_sections.map_sections(tree)
     for key, target in _EQUAL.items():
         _check_equal(tree, key, target)
     for key, target in _RENAMED.items():
         value = _pop(tree, key)
         if value is not _MISSING:
             _set(tree, target, value)
-    _map_values(tree)
+    ignored += _map_values(tree)
     _map_backends(tree)
-    for section in ("sglang", "vllm"):  # emptied by the renames and checks above
-        if tree.get(section) in ({}, None):
-            tree.pop(section, None)
-    return ignored
+    if known:  # after the refusals of features, which name the real reason first
+        areal_sections.check_script_keys(tree, known)
+    # what the renames and checks above left of the servers' sections
+    return sorted(ignored + areal_sections.drop_server_leftovers(tree))
 
 
 def _drop_ignored(tree: dict[str, Any]) -> list[str]:
@@ -349,8 +378,9 @@ _IMP_WEIGHT_MODES = {
 }
 
 
-def _map_values(tree: dict[str, Any]) -> None:
-    """The value rewrites of :data:`MAPPED` other than the backend strings."""
+def _map_values(tree: dict[str, Any]) -> list[str]:
+    """The value rewrites of :data:`MAPPED` other than the backend strings; returns the keys
+    dropped as without effect (an idle ``rejection_sampling``)."""
     for section in ("actor", "critic"):
         key = f"{section}.optimizer.type"
         kind = _get(tree, key)
@@ -365,6 +395,7 @@ def _map_values(tree: dict[str, Any]) -> None:
     if isinstance(concurrent, int) and not isinstance(concurrent, bool):
         _set(tree, "rollout.max_concurrent_rollouts", concurrent * _get(tree, "gconfig.n_samples"))
     _map_imp_weight_cap(tree)
+    idle = areal_sections.drop_idle_rejection_sampling(tree)
     rs = _get(tree, "actor.rejection_sampling")
     if isinstance(rs, dict) and "upper" not in rs:
         rs["upper"] = 5.0
@@ -372,6 +403,7 @@ def _map_values(tree: dict[str, Any]) -> None:
     _set(tree, "actor.use_behave_imp_weight", isinstance(rs, dict))
     if _get(tree, "actor.use_decoupled_loss") is True:  # AReaL: it implies the recompute
         _set(tree, "actor.recompute_logprob", True)
+    return idle
 
 
 def _map_imp_weight_cap(tree: dict[str, Any]) -> None:
@@ -410,6 +442,14 @@ def _parse(key: str, text: str) -> tuple[str | None, dict[str, int]]:
     """``(engine or None, {letter: size})`` of an AReaL allocation string like
     ``sglang:d4p1t1``; each of d (data), p (pipeline), t (tensor) defaults to 1."""
     match = _ALLOCATION.match(text.strip())
+    if match is None and "(" in text:  # AReaL's hybrid MoE syntax, '(attn:...|ffn:...)'
+        engine = text.partition(":")[0].strip() if ":" in text.partition("(")[0] else None
+        raise ConfigError(
+            key,
+            f"{text!r}: a hybrid MoE allocation (separate attention/expert parallelism"
+            f"{', ' + engine + ' backend' if engine else ''}) is not supported; this trainer "
+            "shards with FSDP2 over data-parallel processes only",
+        )
     if match is None:
         raise ConfigError(
             key, f"{text!r} is not an AReaL backend string like 'fsdp:d4p1t1' or 'vllm:d1p1t1'"
@@ -433,10 +473,12 @@ def _map_backends(tree: dict[str, Any]) -> None:
             _set(tree, "rollout.backend", rollout.replace(".", ":", 1))
         if _get(tree, "actor.backend") in ("ddp", _MISSING):
             _set(tree, "actor.backend", train)
-    for section in ("actor", "critic"):
+    for section in ("actor", "critic", "teacher"):
         value = _get(tree, f"{section}.backend")
         if isinstance(value, str) and value not in ("ddp", "fsdp2"):
             _map_train_backend(tree, section, value)
+    _pop(tree, "teacher.backend")  # checked above; the teacher is placed like the reference
+    _pop(tree, "teacher.data_parallel_size")
     value = _get(tree, "rollout.backend")
     if isinstance(value, str) and value not in ("hf", "vllm"):
         _map_rollout_backend(tree, value)

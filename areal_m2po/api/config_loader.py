@@ -446,13 +446,13 @@ def _load_areal(
     tree = default_tree(cls)
     areal_config.apply_areal_defaults(tree)
     for data in datas:
-        _merge_plain(tree, data)
+        _merge_plain(tree, areal_config.with_section_switches(data))
     for key, raw in overrides:
         node: dict[str, Any] = {}
         _set_plain(node, key, _override_value(key, raw, cls))
         _merge_plain(tree, node)
     tree = _resolve(tree)
-    ignored = areal_config.translate(tree)
+    ignored = areal_config.translate(tree, set(default_tree(cls)))
     checked = default_tree(cls)
     areal_config.apply_areal_defaults(checked)
     _merge_mapping(checked, tree, cls, "", cls)

@@ -1,4 +1,5 @@
-"""AReaL's own example configs (tests/data/areal, vendored unchanged) load here with
+"""AReaL's own example configs (tests/data/areal/examples/math at cbff54d6, vendored unchanged:
+gsm8k_grpo.yaml, gsm8k_m2po.yaml, gsm8k_grpo_cpu.yaml) load here with
 ``--print-config``, their keys translated; elsewhere unknown keys stay one-line errors.
 
 Expected values are read off the files (e.g. AReaL's ``max_concurrent_rollouts: 256`` prompt
@@ -20,7 +21,7 @@ from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_loader import config_to_yaml, leaf_keys, load_config
 from areal_m2po.api.yaml_format import parse_yaml
 
-AREAL = REPO / "tests" / "data" / "areal"
+AREAL = REPO / "tests" / "data" / "areal" / "examples" / "math"
 GPU_FILES = ["gsm8k_grpo.yaml", "gsm8k_m2po.yaml"]
 CPU_FILE = AREAL / "gsm8k_grpo_cpu.yaml"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -73,7 +74,7 @@ def test_gpu_files_translate_with_areals_meaning(name, tmp_path):
     assert r.consumer_batch_size == 256 and r.queue_size is None
     # actor.backend "fsdp:d4p1t1": FSDP2 over exactly 4 processes
     assert (a.backend, a.data_parallel_size) == ("fsdp2", 4)
-    # behave_imp_weight_cap: 5.0 -> AReaL's documented rejection_sampling equivalent
+    # rejection_sampling {metric: ratio, upper: 5.0}: AReaL's defaults for the rest
     rs = a.rejection_sampling
     assert (rs.level, rs.action, rs.metric, rs.upper, rs.lower) == (
         "token", "mask", "ratio", 5.0, None,
@@ -285,7 +286,8 @@ STATUSES = ("honoured", "mapped", "ignored")
 
 def test_the_docs_table_lists_every_key_of_the_three_files_with_its_status():
     table = _doc_table()
-    keys = sorted({k for path in AREAL.glob("*.yaml") for k in _file_keys(path)})
+    three = [AREAL / name for name in (*GPU_FILES, CPU_FILE.name)]
+    keys = sorted({k for path in three for k in _file_keys(path)})
     assert len(keys) > 100
     missing = [k for k in keys if k not in table]
     assert not missing, f"not in docs/areal_parity.md: {missing}"

@@ -123,7 +123,6 @@ def test_rollout_agent_keys_load_with_their_meaning() -> None:
     for override, named in [
         ("rollout.agent.mode=online", "rollout.agent: mode: online"),
         ("rollout.agent.subproc_max_workers=0", "rollout.agent: subproc_max_workers"),
-        ("rollout.agent.export_style=individual", "rollout.agent: export_style: individual"),
         ("rollout.agent.turn_discount=1.5", "rollout.agent: turn_discount: must be"),
         ("rollout.agent.tool_call_parser=llama9", "rollout.agent: tool_call_parser"),
         ("rollout.agent.reasoning_parser=x", "rollout.agent: reasoning_parser"),
@@ -138,7 +137,7 @@ def test_an_areal_config_s_agent_section_is_read_with_its_meaning(tmp_path: Path
     import yaml
 
     repo = Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((repo / "tests/data/areal/gsm8k_grpo_cpu.yaml").read_text())
+    data = yaml.safe_load((repo / "tests/data/areal/examples/math/gsm8k_grpo_cpu.yaml").read_text())
     # the section of AReaL's examples/agent_workflow/config.yaml at cbff54d6
     data["rollout"]["agent"] = {
         "mode": "inline",
@@ -149,6 +148,9 @@ def test_an_areal_config_s_agent_section_is_read_with_its_meaning(tmp_path: Path
     }
     path = tmp_path / "areal.yaml"
     path.write_text(yaml.safe_dump(data))
+    # AReaL applies the style only to agents behind its proxy: the rlvr workflow loads
+    cfg = load_config(["--config", str(path)], warn=lambda line: None)
+    assert cfg.rollout.workflow == "rlvr" and cfg.rollout.agent.export_style == "individual"
     with pytest.raises(ValueError) as caught:  # the one unsupported feature, named
-        load_config(["--config", str(path)], warn=lambda line: None)
-    assert str(caught.value).startswith("rollout.agent: export_style: individual")
+        load_config(["--config", str(path), "rollout.workflow=agent"], warn=lambda line: None)
+    assert str(caught.value).startswith("rollout.agent.export_style: individual")

@@ -81,3 +81,39 @@ def test_constant_schedule_without_warmup_is_flat() -> None:
     p = torch.nn.Parameter(torch.zeros(1))
     optimizer, scheduler = build_optimizer([p], OptimizerConfig(type="sgd", lr=0.3), 5)
     assert _lrs(optimizer, scheduler, 5) == pytest.approx([0.3] * 5)
+
+
+def test_cosine_min_lr_ratio_is_areals_schedule_by_hand() -> None:
+    # AReaL's get_cosine_schedule_with_warmup, r = 0.1, 2 warm-up steps of 8, lr 2.0:
+    # warm-up r + (1 - r) k / 2 = 0.1, 0.55; then 0.1 + 0.45 (1 + cos(pi (k - 2) / 6))
+    # k = 2: 1.0; k = 5: 0.1 + 0.45 = 0.55; k = 7: 0.1 + 0.45 (1 + cos(5 pi / 6)) = 0.160289...
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(
+        lr=2.0, warmup_steps_proportion=0.25, lr_scheduler_type="cosine", min_lr_ratio=0.1
+    )
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=8)
+    lrs = _lrs(optimizer, scheduler, 8)
+    assert lrs[:3] == pytest.approx([0.2, 1.1, 2.0], abs=1e-12)
+    assert lrs[5] == pytest.approx(1.1, abs=1e-12)
+    assert lrs[7] == pytest.approx(2.0 * (0.1 + 0.45 * (1 - math.sqrt(3) / 2)), abs=1e-12)
+    assert lrs[7] == pytest.approx(0.3205771365940052, abs=1e-12)
+    assert min(lrs) >= 0.2 - 1e-12  # never below min_lr_ratio * lr
+
+
+def test_linear_min_lr_ratio_decays_to_the_floor_by_hand() -> None:
+    # 10 steps, 2 warm-up: lr k / 2, then lr (0.25 + 0.75 (10 - k) / 8); the 11th step is
+    # past the end: the floor 0.25 lr (not 0)
+    p = torch.nn.Parameter(torch.zeros(1))
+    cfg = OptimizerConfig(
+        lr=4.0, warmup_steps_proportion=0.2, lr_scheduler_type="linear", min_lr_ratio=0.25
+    )
+    optimizer, scheduler = build_optimizer([p], cfg, total_steps=10)
+    want = [0.0, 2.0] + [4.0 * (0.25 + 0.75 * (10 - k) / 8) for k in range(2, 11)]
+    assert _lrs(optimizer, scheduler, 11) == pytest.approx(want, abs=1e-12)
+    assert want[-1] == 1.0
+
+
+def test_min_lr_ratio_out_of_range_is_refused() -> None:
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="min_lr_ratio"):
+            OptimizerConfig(min_lr_ratio=bad)

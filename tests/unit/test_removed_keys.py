@@ -102,6 +102,6 @@ def test_an_older_config_yaml_still_loads(tmp_path: Path) -> None:
 
 def test_an_areal_files_dataset_type_is_listed_as_ignored() -> None:
     warnings: list[str] = []
-    path = REPO / "tests" / "data" / "areal" / "gsm8k_grpo.yaml"
+    path = REPO / "tests" / "data" / "areal" / "examples" / "math" / "gsm8k_grpo.yaml"
     load_config(["--config", str(path)], warn=warnings.append)
     assert len(warnings) == 1 and "train_dataset.type" in warnings[0]

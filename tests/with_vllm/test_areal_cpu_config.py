@@ -25,7 +25,7 @@ from vllm_helpers import write_tiny_vllm_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-CPU_FILE = REPO / "tests" / "data" / "areal" / "gsm8k_grpo_cpu.yaml"
+CPU_FILE = REPO / "tests" / "data" / "areal" / "examples" / "math" / "gsm8k_grpo_cpu.yaml"
 
 
 def write_gsm8k_style(path: Path, n: int, seed: int) -> Path:

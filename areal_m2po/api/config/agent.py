@@ -5,7 +5,10 @@ OpenAI-compatible endpoint (docs/agents.md). The keys are AReaL's (``areal/api/c
 ``AgentConfig``, at commit cbff54d6); two of AReaL's values are refused here with one line
 each: ``mode: online`` (external users driving sessions through a gateway) and
 ``export_style: individual`` (one training row per interaction, which the batch layout of
-``gconfig.n_samples`` rows per record cannot hold).
+``gconfig.n_samples`` rows per record cannot hold) with a workflow that uses the agent
+endpoint (:class:`~areal_m2po.api.config.rollout.RolloutConfig` checks it; the rlvr and
+multi_turn workflows make one row per episode whatever the style, as in AReaL, where the style
+applies only to agents behind its proxy).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class AgentConfig:
         metadata={
             "help": "concat: the chain of interactions ending at the episode's last one is "
             "one trajectory with that interaction's reward; individual (AReaL's default): "
-            "refused, the batch holds one row per episode.",
+            "refused with the agent workflow (the batch holds one row per episode); with rlvr "
+            "and multi_turn it changes nothing (one interaction chain per episode).",
             "choices": EXPORT_STYLES,
         },
     )
@@ -105,11 +109,6 @@ class AgentConfig:
         if self.mode == "online":
             raise ValueError(
                 "mode: online (external users through a gateway) is not supported; use inline"
-            )
-        if self.export_style == "individual":
-            raise ValueError(
-                "export_style: individual (one row per interaction) is not supported: a "
-                "record's group is gconfig.n_samples rows, one per episode; use concat",
             )
         workers = self.subproc_max_workers
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:

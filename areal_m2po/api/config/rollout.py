@@ -330,6 +330,13 @@ class RolloutConfig:
                 f"must be one of {', '.join(builtin)} or a dotted path 'module:Name', "
                 f"got {self.workflow!r}",
             )
+        if self.agent.export_style == "individual" and self.workflow not in ("rlvr", "multi_turn"):
+            raise ConfigError(
+                "agent.export_style",
+                "individual (one row per interaction) is not supported with an agent "
+                f"workflow ({self.workflow}): a record's group is gconfig.n_samples rows, one "
+                "per episode; use concat",
+            )
         check_number(
             "max_episode_tokens", self.max_episode_tokens, ge=2, integer=True, optional=True
         )
