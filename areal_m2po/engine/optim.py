@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -20,7 +21,8 @@ def build_optimizer(
     ``type="adamw"``: AdamW with ``lr``, ``(beta1, beta2)``, ``eps`` and ``weight_decay``;
     ``type="sgd"``: SGD with momentum ``beta1`` and ``weight_decay``. The schedule is
     ``transformers.get_scheduler(lr_scheduler_type)`` with a linear warm-up over
-    ``round(warmup_steps_proportion * total_steps)`` steps out of ``max(total_steps, 1)``.
+    ``round(warmup_steps_proportion * total_steps)`` steps out of ``max(total_steps, 1)``;
+    cosine with ``min_lr_ratio > 0`` is AReaL's (:func:`_cosine_with_floor`).
     """
     from transformers import get_scheduler
 
@@ -37,6 +39,9 @@ def build_optimizer(
         optimizer = torch.optim.SGD(
             trainable, lr=config.lr, momentum=config.beta1, weight_decay=config.weight_decay
         )
+    warmup = int(round(config.warmup_steps_proportion * total_steps))
+    if config.lr_scheduler_type == "cosine" and config.min_lr_ratio > 0:
+        return optimizer, _cosine_with_floor(optimizer, warmup, max(total_steps, 1), config)
     # transformers' "constant" ignores num_warmup_steps; "constant_with_warmup" is the same
     # schedule with the warm-up the config promises (and equal to "constant" without one)
     schedule = config.lr_scheduler_type
@@ -45,7 +50,24 @@ def build_optimizer(
     scheduler = get_scheduler(
         schedule,
         optimizer,
-        num_warmup_steps=int(round(config.warmup_steps_proportion * total_steps)),
+        num_warmup_steps=warmup,
         num_training_steps=max(total_steps, 1),
     )
     return optimizer, scheduler
+
+
+def _cosine_with_floor(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, config: OptimizerConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """AReaL's cosine schedule with a floor ``m = min_lr_ratio``: the LR factor rises linearly
+    from ``m`` to 1 over ``warmup`` steps, then follows ``m + (1 - m) (1 + cos(pi p)) / 2`` with
+    ``p`` the fraction of the remaining ``total - warmup`` steps done."""
+    floor = config.min_lr_ratio
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return floor + (1.0 - floor) * step / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -41,6 +41,11 @@ class OptimizerConfig:
     warmup_steps_proportion: float = config_field(
         0.0, "Fraction of total optimizer steps spent in linear warm-up from 0."
     )
+    min_lr_ratio: float = config_field(
+        0.0,
+        "AReaL key: the cosine schedule decays to min_lr_ratio * lr instead of 0 (and its "
+        "warm-up starts there); as in AReaL's FSDP engine, other schedules ignore it.",
+    )
     gradient_clipping: float = config_field(
         1.0, "Clip the global gradient L2 norm to this value (0 disables clipping)."
     )
@@ -53,6 +58,7 @@ class OptimizerConfig:
         check_number("beta2", self.beta2, ge=0, lt=1)
         check_number("eps", self.eps, gt=0)
         check_number("warmup_steps_proportion", self.warmup_steps_proportion, ge=0, le=1)
+        check_number("min_lr_ratio", self.min_lr_ratio, ge=0, le=1)
         check_number("gradient_clipping", self.gradient_clipping, ge=0)
 
 
