@@ -59,27 +59,36 @@ KINDS: dict[type, str] = {SFTConfig: "sft", RWConfig: "rw", DPOConfig: "dpo"}
 
 _ENTRY = {"sft": "train_sft", "rw": "train_rm", "dpo": "train_dpo"}
 
-_BASE = areal_config.IGNORED
 _SECTIONS = ["actor", "ref", "saver", "recover", "evaluator", "stats_logger", "perf_tracer"]
+_NAMES = (
+    "AReaL's per-section run names and file root; here the top-level experiment_name, "
+    "trial_name and output_dir"
+)
+_NO_SERVER = "an inference server's settings; SFT, reward-model and DPO runs start none"
+_LOADER = "AReaL's DataLoader/data-service workers; the records are tokenized up front here"
+_FROM_SCRATCH = "only false is supported (the weights at path are loaded)"
 
 TRAINER_IGNORED: dict[str, str] = {
-    **{key: _BASE[key] for key in ("cluster", "scheduler", "perf_tracer", "launcher")},
-    **{key: _BASE[key] for key in ("enable_offload", "name_resolve")},
+    "cluster": "AReaL's cluster (nodes, GPUs per node, file root, name resolution); here "
+    "`accelerate launch` starts the processes and output_dir holds the files",
+    "scheduler": "AReaL's single-controller scheduler; no scheduler here",
+    "launcher": "AReaL's launcher resources (CPUs, memory per GPU)",
+    "perf_tracer": "AReaL's performance tracer; timing/* metrics here",
     "memory_profiler": "AReaL's CUDA memory-snapshot profiler",
-    "sglang": "an inference server's settings; SFT, reward-model and DPO runs start none",
-    "vllm": "an inference server's settings; SFT, reward-model and DPO runs start none",
+    "enable_offload": "AReaL's torch_memory_saver offload of colocated engines",
+    "name_resolve": "AReaL's name resolution (NFS/etcd)",
+    "sglang": _NO_SERVER,
+    "vllm": _NO_SERVER,
     **{
-        f"{section}.{key}": _BASE["actor.experiment_name"]
+        f"{section}.{key}": _NAMES
         for section in _SECTIONS
         for key in ("experiment_name", "trial_name", "fileroot")
     },
-    "*.scheduling_spec": _BASE["*.scheduling_spec"],
-    "*.scheduling_strategy": _BASE["*.scheduling_strategy"],
-    "*.pin_memory": _BASE["*.pin_memory"],
-    "*.num_workers": _BASE["*.num_workers"],
-    "*.num_dataset_workers": "AReaL's remote data-service workers",
+    "*.scheduling_spec": "AReaL's worker resources (GPUs, CPUs, memory, command, environment)",
+    "*.scheduling_strategy": "AReaL's placement (colocation); the reference sits with the model",
+    **{f"*.{key}": _LOADER for key in ("pin_memory", "num_workers", "num_dataset_workers")},
     "*.setup_timeout": "AReaL's remote data-service start-up timeout",
-    "*.init_from_scratch": _BASE["*.init_from_scratch"],
+    "*.init_from_scratch": _FROM_SCRATCH,
     "actor.mb_spec.granularity": "a micro-batch here never splits an example, and a "
     "preference pair's chosen and rejected rows always stay together",
 }
@@ -204,7 +213,7 @@ def translate(tree: dict[str, Any], kind: str) -> list[str]:
     _refuse_unsupported(tree)
     ignored = _drop_ignored(tree, kind)
     if kind == "dpo":
-        ignored += _map_ref(tree)
+        _map_ref(tree)
     _map_backend(tree, kind)
     _map_engine_keys(tree, kind)
     _map_datasets(tree, kind)
@@ -226,7 +235,7 @@ def _merge(tree: dict[str, Any], data: dict[str, Any]) -> None:
 
 
 def _engine_name(text: str) -> str:
-    return text.strip().split(":", 1)[0].lower() if ":" in text else text.strip().lower()
+    return text.strip().split(":", 1)[0].lower()
 
 
 def _refuse_unsupported(tree: dict[str, Any]) -> None:
@@ -278,7 +287,7 @@ def _drop_ignored(tree: dict[str, Any], kind: str) -> list[str]:
         if _rule(key, table) is None:
             continue
         if key.endswith(".init_from_scratch") and value not in (False, None):
-            raise ConfigError(key, f"{value!r} is not supported: {_BASE['*.init_from_scratch']}")
+            raise ConfigError(key, f"{value!r} is not supported: {_FROM_SCRATCH}")
         _pop(tree, key)
         dropped.append(key)
         parent = key.rpartition(".")[0]
@@ -307,7 +316,7 @@ def _check_equal(tree: dict[str, Any], key: str, target: str) -> None:
         )
 
 
-def _map_ref(tree: dict[str, Any]) -> list[str]:
+def _map_ref(tree: dict[str, Any]) -> None:
     """DPO's ``ref`` section: ``ref.path`` -> ``ref_path`` (null for the start model), backend
     and dtype checked equal to the actor's; the rest was dropped with the ignored keys."""
     _check_equal(tree, "ref.backend", "actor.backend")
@@ -319,7 +328,6 @@ def _map_ref(tree: dict[str, Any]) -> list[str]:
         tree["ref_path"] = None if path == start else path
     if tree.get("ref") in ({}, None):
         tree.pop("ref", None)
-    return []
 
 
 def _map_backend(tree: dict[str, Any], kind: str) -> None:
