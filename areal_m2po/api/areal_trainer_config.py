@@ -109,6 +109,12 @@ TRAINER_MAPPED: dict[str, str] = {
     "actor.optimizer.type": "adam: adamw (AReaL's 'adam' is torch.optim.AdamW)",
     "actor.attn_impl": "renamed: model.attn_implementation",
     "actor.is_critic": "checked (true for train_rm, false otherwise), then dropped",
+    "actor.use_lora": "true: model.lora {r: lora_rank (32), alpha: lora_alpha (16), "
+    "target_modules (empty or all-linear: null)}; false: the LoRA keys are dropped",
+    "actor.lora_rank": "as actor.use_lora",
+    "actor.lora_alpha": "as actor.use_lora",
+    "actor.target_modules": "as actor.use_lora",
+    "actor.peft_type": "must be lora (AReaL's only one)",
     "train_dataset.type": "checked (sft, rw or dpo: the trainer's), then dropped",
     "valid_dataset.type": "as train_dataset.type",
     "train_dataset.max_length": "max_length (the larger of the two datasets'); a longer "
@@ -368,11 +374,36 @@ def _map_engine_keys(tree: dict[str, Any], kind: str) -> None:
             f"must be {str(want).lower()} for {_ENTRY[kind]} (AReaL's "
             f"{kind.upper()}Config requires it), got {critic!r}",
         )
+    _map_lora(tree)
     if kind == "dpo":
         for name in ("beta", "loss_type"):
             value = _pop(tree, f"actor.{name}")
             if value is not _MISSING:
                 tree[name] = value
+
+
+_LORA_KEYS = ("use_lora", "lora_rank", "lora_alpha", "target_modules", "peft_type")
+
+
+def _map_lora(tree: dict[str, Any]) -> None:
+    """AReaL's flat LoRA keys as the ``lora`` section (AReaL's defaults: rank 32, alpha 16,
+    every linear layer)."""
+    found = {name: _pop(tree, f"actor.{name}") for name in _LORA_KEYS}
+    if found["use_lora"] is not True:
+        return  # AReaL reads the other keys only with use_lora
+    if found["peft_type"] not in (_MISSING, "lora"):
+        raise ConfigError(
+            "actor.peft_type", f"{found['peft_type']!r}: only lora is supported (as in AReaL)"
+        )
+    rank, alpha = found["lora_rank"], found["lora_alpha"]
+    lora: dict[str, Any] = {
+        "r": 32 if rank is _MISSING else rank,
+        "alpha": 16 if alpha is _MISSING else alpha,
+    }
+    modules = found["target_modules"]
+    if modules not in (_MISSING, None, [], ["all-linear"]):
+        lora["target_modules"] = modules
+    _set(tree, "actor.lora", lora)
 
 
 def _map_datasets(tree: dict[str, Any], kind: str) -> None:

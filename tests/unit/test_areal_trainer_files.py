@@ -319,6 +319,30 @@ def test_allocation_mode_stands_for_a_missing_actor_backend(tmp_path):
         load_config(["--config", str(path), "--areal-compat"], DPOConfig)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        (("actor.use_lora=true",), (32, 16.0, None)),
+        (
+            ("actor.use_lora=true", "actor.lora_rank=8", "actor.lora_alpha=4"),
+            (8, 4.0, None),
+        ),
+        (("actor.use_lora=true", "actor.target_modules=[all-linear]"), (32, 16.0, None)),
+        (("actor.use_lora=true", "actor.target_modules=[q_proj]"), (32, 16.0, ["q_proj"])),
+        (("actor.use_lora=false", "actor.lora_rank=8"), None),
+    ],
+)
+def test_areals_flat_lora_keys_are_the_lora_section(overrides, want):
+    for rel in (SFT, DPO, RW):
+        cfg, warnings = _load(rel, *overrides)
+        lora = cfg.model.lora
+        got = None if lora is None else (lora.r, lora.alpha, lora.target_modules)
+        assert got == want, rel
+        assert not any("lora" in key for key in _ignored(warnings))
+    with pytest.raises(ConfigError, match="^actor.peft_type: 'ia3': only lora"):
+        _load(SFT, "actor.use_lora=true", "actor.peft_type=ia3")
+
+
 # ------------------------------------------------------------------------------- the data
 def test_hhrlhf_pairs_without_prompt_share_their_start(tmp_path):
     from areal_m2po.dataset.preference import load_preference_records
