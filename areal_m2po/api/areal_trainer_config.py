@@ -91,6 +91,11 @@ TRAINER_IGNORED: dict[str, str] = {
     "*.init_from_scratch": _FROM_SCRATCH,
     "actor.mb_spec.granularity": "a micro-batch here never splits an example, and a "
     "preference pair's chosen and rejected rows always stay together",
+    "actor.mb_spec.n_mbs_divisor": "how AReaL rounds its micro-batch count (same loss)",
+    "actor.mb_spec.packing_algorithm": "how AReaL assigns rows to micro-batches (same loss)",
+    "actor.pad_to_maximum": "AReaL's padding of micro-batches to their bound (memory layout)",
+    "actor.logprobs_chunk_size": "AReaL's chunking of the log-prob computation (memory)",
+    "actor.weight_update_mode": "how AReaL sends weights to inference servers; none here",
 }
 """AReaL keys of an SFT/RW/DPO file with no meaning here, and why (``*`` any section; a section
 covers its keys): dropped and listed in one warning line."""
@@ -115,6 +120,7 @@ TRAINER_MAPPED: dict[str, str] = {
     "actor.lora_alpha": "as actor.use_lora",
     "actor.target_modules": "as actor.use_lora",
     "actor.peft_type": "must be lora (AReaL's only one)",
+    "actor.temperature": "must be 1 (AReaL divides the logits of the loss by it), then dropped",
     "train_dataset.type": "checked (sft, rw or dpo: the trainer's), then dropped",
     "valid_dataset.type": "as train_dataset.type",
     "train_dataset.max_length": "max_length (the larger of the two datasets'); a longer "
@@ -375,6 +381,12 @@ def _map_engine_keys(tree: dict[str, Any], kind: str) -> None:
             f"{kind.upper()}Config requires it), got {critic!r}",
         )
     _map_lora(tree)
+    temperature = _pop(tree, "actor.temperature")
+    if temperature not in (_MISSING, 1, 1.0):
+        raise ConfigError(
+            "actor.temperature",
+            f"{temperature!r}: only 1 is supported (AReaL divides the trained logits by it)",
+        )
     if kind == "dpo":
         for name in ("beta", "loss_type"):
             value = _pop(tree, f"actor.{name}")

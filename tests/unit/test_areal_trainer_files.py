@@ -234,6 +234,19 @@ def test_hhrlhf_rw_has_areals_meaning():
     }
 
 
+def test_areal_engine_keys_of_memory_and_layout_go_into_the_warning_line():
+    keys = (
+        "actor.mb_spec.n_mbs_divisor=2",
+        "actor.mb_spec.packing_algorithm=kk",
+        "actor.pad_to_maximum=true",
+        "actor.logprobs_chunk_size=512",
+        "actor.weight_update_mode=disk",
+    )
+    cfg, warnings = _load(SFT, *keys, "actor.temperature=1.0")
+    assert {k.split("=")[0] for k in keys} <= _ignored(warnings)
+    assert cfg.model.mb_spec.max_tokens_per_mb == 4096
+
+
 def test_areal_test_config_without_valid_dataset_evaluates_nothing():
     cfg, _ = _load("tests/sft/config_fsdp.yaml")
     assert cfg.valid_dataset is None and cfg.total_train_steps == 16
@@ -283,6 +296,7 @@ def test_max_length_is_the_larger_dataset_limit():
         (SFT, "actor.optimizer.type=adam_bf16", "actor.optimizer.type", "adam_bf16"),
         (SFT, "actor.backend=fsdp:d2t2", "actor.backend", "tensor parallelism"),
         (SFT, "actor.megatron.wrap_with_ddp=true", "actor.megatron", "Megatron"),
+        (SFT, "actor.temperature=0.7", "actor.temperature", "only 1 is supported"),
     ],
 )
 def test_what_areal_means_and_this_trainer_cannot_do_is_one_line(rel, override, key, words):
