@@ -39,12 +39,17 @@ class OptimizerConfig:
         choices=("constant", "linear", "cosine"),
     )
     warmup_steps_proportion: float = config_field(
-        0.0, "Fraction of total optimizer steps spent in linear warm-up from 0."
+        0.0,
+        "Fraction of total optimizer steps spent in linear warm-up (from 0; from "
+        "min_lr_ratio * lr with a cosine schedule and min_lr_ratio > 0, as AReaL's).",
     )
     min_lr_ratio: float = config_field(
         0.0,
-        "AReaL key: the cosine schedule decays to min_lr_ratio * lr instead of 0 (and its "
-        "warm-up starts there); as in AReaL's FSDP engine, other schedules ignore it.",
+        "AReaL key: the floor of the decay as a fraction of lr. cosine: AReaL's schedule, "
+        "warm-up from min_lr_ratio * lr to lr, then lr * (r + (1 - r) * (1 + cos(pi * p)) / 2) "
+        "for progress p of the steps after warm-up; linear: decays to min_lr_ratio * lr "
+        "instead of 0 (AReaL's Megatron meaning; its FSDP engine decays linear to 0); "
+        "constant: nothing to decay.",
     )
     gradient_clipping: float = config_field(
         1.0, "Clip the global gradient L2 norm to this value (0 disables clipping)."
