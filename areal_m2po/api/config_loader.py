@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from areal_m2po.api import areal_config
+from areal_m2po.api import areal_config, areal_trainer_config
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.config_schema import (
     REQUIRED,
@@ -397,8 +397,8 @@ def load_config(
     """Build ``cls`` from its defaults < ``--config file.yaml`` < command-line overrides.
 
     ``argv`` defaults to ``sys.argv[1:]``. Several ``--config`` files merge in order; overrides
-    apply in order after all files, the last setting of a key winning. A PPO config with an
-    AReaL file (or ``--areal-compat``) is read with AReaL's meaning (:func:`_load_areal`);
+    apply in order after all files, the last setting of a key winning. An AReaL file
+    (or ``--areal-compat``) is read with AReaL's meaning (:func:`_load_areal`);
     ``warn`` gets its one warning line (default: ``warning: ...`` on stderr). Raises
     :class:`ConfigError` (a ``ValueError``) naming the full dotted key of any problem.
     """
@@ -410,12 +410,8 @@ def load_config(
         if exc.key != "config":
             _set_override(default_tree(cls), exc.key, "null", cls)
         raise
-    if flag and cls is not PPOConfig:
-        raise ConfigError(
-            AREAL_COMPAT_FLAG, f"AReaL's files are read by the RL trainer only, not {cls.__name__}"
-        )
     datas = [_read_yaml_file(path) for path in files]
-    if cls is PPOConfig and (flag or any(areal_config.looks_like_areal(d) for d in datas)):
+    if flag or any(areal_config.looks_like_areal(d) for d in datas):
         return _load_areal(datas, overrides, cls, warn or _print_warning)
     tree = default_tree(cls)
     for data in datas:
@@ -442,19 +438,20 @@ def _load_areal(
     """``cls`` from AReaL config files and overrides: AReaL's defaults, the files and the
     overrides merged as plain data, interpolations resolved, the keys translated
     (:func:`areal_config.translate`), then checked like any config; the dropped keys are
-    reported through ``warn`` in one line."""
+    reported through ``warn`` in one line. SFT, RW and DPO roots: :mod:`.areal_trainer_config`."""
+    reader = areal_trainer_config.reader_for(cls)
     tree = default_tree(cls)
-    areal_config.apply_areal_defaults(tree)
+    reader.apply_defaults(tree)
     for data in datas:
-        _merge_plain(tree, areal_config.with_section_switches(data))
+        _merge_plain(tree, reader.prepare_file(data))
     for key, raw in overrides:
         node: dict[str, Any] = {}
-        _set_plain(node, key, _override_value(key, raw, cls))
+        _set_plain(node, reader.areal_key(key), _override_value(key, raw, cls))
         _merge_plain(tree, node)
     tree = _resolve(tree)
-    ignored = areal_config.translate(tree, set(default_tree(cls)))
+    ignored = reader.translate(tree, set(default_tree(cls)))
     checked = default_tree(cls)
-    areal_config.apply_areal_defaults(checked)
+    reader.apply_defaults(checked)
     _merge_mapping(checked, tree, cls, "", cls)
     cfg = _build(cls, checked, "", cls)
     if ignored:

@@ -1,7 +1,9 @@
 """Preference pairs for reward-model training and DPO: load, check, render and tokenize them.
 
 A record holds ``prompt``, ``chosen`` and ``rejected`` strings (TRL's explicit-prompt standard
-preference format) and optionally ``margin``, a number: the reward gap the pair should have
+preference format; without ``prompt``, the text ``chosen`` and ``rejected`` share from the start
+is the prompt: hh-rlhf's layout, which AReaL's ``rw``/``dpo`` files read) and optionally
+``margin``, a number: the reward gap the pair should have
 (TRL's ``margin`` column). For DPO (``conversational=True``) the three fields may also be lists
 of ``{role, content}`` turns (TRL's conversational format); :mod:`areal_m2po.dataset.dpo`
 tokenizes them. Sources are those of prompt datasets
@@ -64,13 +66,30 @@ def _split_implicit_prompt(raw: Any, where: str) -> dict[str, Any]:
     return {**raw, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
 
 
+def _split_implicit_text_prompt(raw: Any) -> dict[str, Any]:
+    """``raw`` with the text ``chosen`` and ``rejected`` share from the start moved into
+    ``prompt`` (hh-rlhf's layout, AReaL's ``type: rw``/``dpo`` data: two whole dialogues and
+    no prompt), the cut moved back before the spaces it would leave at the prompt's end."""
+    chosen, rejected = raw["chosen"], raw["rejected"]
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    while n > 0 and chosen[n - 1] == " ":
+        n -= 1
+    return {**raw, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
+
+
 def _check_record(raw: Any, where: str, conversational: bool = False) -> dict[str, Any]:
     """One validated record ``{prompt, chosen, rejected[, margin]}`` (other fields dropped) of
     a JSON object; with ``conversational`` a field may also be a list of turns, and two whole
-    conversations without a ``prompt`` share theirs as the prompt."""
+    conversations without a ``prompt`` share theirs as the prompt. Two texts without a
+    ``prompt`` share theirs the same way (hh-rlhf's layout)."""
     whole = isinstance(raw.get("chosen"), list) and isinstance(raw.get("rejected"), list)
     if conversational and whole and "prompt" not in raw:
         raw = _split_implicit_prompt(raw, where)
+    texts = isinstance(raw.get("chosen"), str) and isinstance(raw.get("rejected"), str)
+    if texts and "prompt" not in raw and raw["chosen"] != raw["rejected"]:
+        raw = _split_implicit_text_prompt(raw)
     record: dict[str, Any] = {}
     hint = f" (a pair needs {PREFERENCE_FIELDS})"
     for name in PREFERENCE_FIELDS:

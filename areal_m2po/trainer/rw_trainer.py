@@ -117,8 +117,8 @@ class PairLoss:
 
 
 def _engine_config(mcfg: RWModelConfig) -> TrainEngineConfig:
-    """The train engine's settings for the reward model: its optimizer and micro-batch split.
-    LoRA and gradient checkpointing are already on the model the engine is given."""
+    """The train engine's settings for the reward model: its optimizer, micro-batch split and
+    dropout. LoRA and gradient checkpointing are already on the model the engine is given."""
     return TrainEngineConfig(
         path=mcfg.path,
         dtype=mcfg.dtype,
@@ -126,6 +126,7 @@ def _engine_config(mcfg: RWModelConfig) -> TrainEngineConfig:
         optimizer=mcfg.optimizer,
         mb_spec=mcfg.mb_spec,
         max_consecutive_skipped_steps=mcfg.max_consecutive_skipped_steps,
+        disable_dropout=mcfg.disable_dropout,
     )
 
 

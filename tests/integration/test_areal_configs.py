@@ -188,13 +188,6 @@ def test_the_switch_reads_a_file_as_areals(tmp_path, how):
     assert cfg.actor.adv_norm is None and cfg.total_train_steps is None
 
 
-def test_the_flag_is_for_the_rl_trainer_only():
-    from areal_m2po.api.cli_args import SFTConfig
-
-    with pytest.raises(ConfigError, match="^--areal-compat: AReaL's files are read by the RL"):
-        load_config(["--areal-compat"], SFTConfig)
-
-
 def test_areal_compat_false_is_a_plain_file_and_other_values_are_refused(tmp_path):
     cfg = load_config(["--config", str(_write(tmp_path, "areal_compat: false\nseed: 3\n"))])
     assert cfg.seed == 3 and cfg.actor.m2_threshold == 0.04  # this trainer's defaults

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from areal_m2po.api.config.checks import (
+    check_bool,
     check_nonempty_str,
     check_number,
     config_field,
@@ -63,10 +64,16 @@ class RWModelConfig(TrainedModelConfig):
         "fine-tuning). Saves write the adapter; set lora.save_merged for the merged model "
         "PPO's reward.model.path loads.",
     )
+    disable_dropout: bool = config_field(
+        False,
+        "AReaL key: set every dropout probability of the model to 0 while it trains (false: the "
+        "model's own dropout applies).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_section(self, "lora", LoRAConfig, optional=True)
+        check_bool("disable_dropout", self.disable_dropout)
         validate_section(self, "optimizer", OptimizerConfig)
         validate_section(self, "mb_spec", MicroBatchSpec)
 
