@@ -1,5 +1,7 @@
 """Try every AReaL config file under a folder the way ``python -m areal_m2po.train --config
-FILE --print-config`` reads it, and print one line per file: ``loads`` or the one-line error.
+FILE --print-config`` reads it (or ``train_sft``/``train_dpo``/``train_rm`` for AReaL's SFT, DPO
+and reward-model files, told by their ``train_dataset.type``), and print one line per file:
+the entry point, then ``loads`` or the one-line error.
 
     python scripts/areal_config_sweep.py tests/data/areal [--skip NAME ...] [KEY=VALUE ...]
 
@@ -15,14 +17,35 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
+from areal_m2po.api.cli_args import DPOConfig, PPOConfig, RWConfig, SFTConfig
 from areal_m2po.api.config_loader import load_config
 
+TRAINERS = {"sft": ("train_sft", SFTConfig), "dpo": ("train_dpo", DPOConfig)}
+TRAINERS["rw"] = ("train_rm", RWConfig)
+"""AReaL's ``train_dataset.type`` -> the entry point and root config that read the file."""
 
-def sweep_one(path: Path, overrides: list[str]) -> str:
+
+def trainer_for(path: Path) -> tuple[str, type]:
+    """The entry point and root config for one file (the RL trainer's unless its
+    ``train_dataset.type`` is sft, dpo or rw; a file that does not parse goes to the RL one)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return "train", PPOConfig
+    section = data.get("train_dataset") if isinstance(data, dict) else None
+    kind = section.get("type") if isinstance(section, dict) else None
+    return (
+        TRAINERS.get(kind, ("train", PPOConfig)) if isinstance(kind, str) else ("train", PPOConfig)
+    )
+
+
+def sweep_one(path: Path, overrides: list[str], cls: type = PPOConfig) -> str:
     """``"loads"`` or ``"error: <key>: <message>"`` (first line) for one file, with the
     warning line of ignored keys (if any) counted as loading."""
     try:
-        load_config(["--config", str(path), *overrides], warn=lambda _line: None)
+        load_config(["--config", str(path), *overrides], cls, warn=lambda _line: None)
     except ValueError as exc:  # ConfigError and any other bad-config problem
         text = str(exc).strip().splitlines()
         return f"error: {text[0] if text else type(exc).__name__}"
@@ -42,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         rel = path.relative_to(args.folder).as_posix()
         if any(rel.endswith(name) for name in args.skip):
             continue
-        outcome = sweep_one(path, args.overrides)
+        entry, cls = trainer_for(path)
+        outcome = sweep_one(path, args.overrides, cls)
         total += 1
         loads += outcome == "loads"
-        print(f"{rel}: {outcome}")
+        print(f"{rel}: ({entry}) {outcome}")
     print(f"{loads} of {total} load")
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.kl import binary_kl, kl_estimate
 
 __all__ = [
     "KLEstimator",
@@ -136,10 +136,8 @@ def compute_binary_kl_divergence(
     log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-8
 ) -> torch.Tensor:
     """KL between Bernoulli(p) and Bernoulli(q), ``p = exp(log_p)``, ``q = exp(log_q)``, both
-    clamped to ``[eps, 1 - eps]``."""
-    p = torch.exp(log_p).clamp(eps, 1.0 - eps)
-    q = torch.exp(log_q).clamp(eps, 1.0 - eps)
-    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+    clamped to ``[eps, 1 - eps]`` (:func:`areal_m2po.algo.kl.binary_kl`)."""
+    return binary_kl(log_p, log_q, eps)
 
 
 def _metric(prox: torch.Tensor, old: torch.Tensor, log_ratio: torch.Tensor, name: str):

@@ -1,6 +1,7 @@
 """Per-token KL estimators between the policy and a reference policy (Schulman's k1/k2/k3).
 
-Owns :func:`kl_estimate` (the KL reward penalty's and rejection sampling's KL metrics).
+Owns :func:`kl_estimate` (the KL reward penalty's and rejection sampling's KL metrics) and
+:func:`binary_kl` (rejection sampling's ``binary_kl`` metric, AReaL's KPop).
 Per-token tensors are any equal shapes, log-probs in nats. The module imports only torch,
 :mod:`areal_m2po.algo.options` and :mod:`areal_m2po.algo.checks`; it keeps no state.
 """
@@ -12,7 +13,7 @@ import torch
 from areal_m2po.algo.checks import check_choice, check_real, check_same_shape, check_tensor
 from areal_m2po.algo.options import KL_ESTIMATORS
 
-__all__ = ["kl_estimate"]
+__all__ = ["binary_kl", "kl_estimate"]
 
 
 def kl_estimate(
@@ -51,3 +52,19 @@ def kl_estimate(
     else:
         kl = torch.expm1(-d) + d
     return kl if bound is None else kl.clamp(min=-bound, max=bound)
+
+
+def binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """KL(Bernoulli(p) || Bernoulli(q)) per token, ``p = exp(log_p)``, ``q = exp(log_q)``, both
+    clamped to ``[eps, 1 - eps]``: ``p log(p/q) + (1-p) log((1-p)/(1-q))`` (nats, >= 0).
+
+    Each token's sampled probability is treated as a coin: the chosen token against all others.
+    Args:
+        log_p, log_q: float ``[B, T]`` log-probs of the sampled tokens (any equal shapes).
+    Returns:
+        ``[B, T]`` tensor of the promoted float dtype.
+    """
+    check_same_shape("log_p", log_p, log_q=log_q)
+    p = torch.exp(log_p).clamp(eps, 1.0 - eps)
+    q = torch.exp(log_q).clamp(eps, 1.0 - eps)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))

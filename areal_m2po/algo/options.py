@@ -29,7 +29,7 @@ NORM_LEVELS = ("batch", "group", None)
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 REJECTION_ACTIONS = ("mask", "clamp")
-REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+REJECTION_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
 REJECTION_AGGS = ("mean", "sum", "max")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ADV_ESTIMATORS = ("grpo", "gae", "rloo", "reinforce_pp")
@@ -59,7 +59,7 @@ def rejection_sampling_problem(
         return "upper", "at least one of upper/lower must be set"
     if upper is not None and lower is not None and lower >= upper:
         return "lower", f"must be < upper ({upper}), got {lower}"
-    if metric in ("ratio", "kl_k2", "kl_k3"):
+    if metric in ("ratio", "kl_k2", "kl_k3", "binary_kl"):
         # these metrics are never negative: a bound below 0 drops everything or nothing
         if upper is not None and upper <= 0:
             return "upper", f"must be > 0 for metric {metric!r}"

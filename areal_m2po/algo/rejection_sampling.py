@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.kl import binary_kl, kl_estimate
 from areal_m2po.algo.options import rejection_sampling_problem
 
 __all__ = [
@@ -39,7 +39,9 @@ class RejectionSampling:
     Attributes:
         level: "token" or "sequence": act per token or per whole sequence.
         action: "mask" (drop out-of-range tokens/sequences) or "clamp" (clamp the weight).
-        metric: the bounded quantity: "ratio" (``w``) or "kl_k1"/"kl_k2"/"kl_k3" of it.
+        metric: the bounded quantity: "ratio" (``w``), "kl_k1"/"kl_k2"/"kl_k3" of it, or
+            "binary_kl": the larger of the two Bernoulli KLs between the sampled token's
+            proximal and behaviour probabilities (AReaL's KPop, :func:`~areal_m2po.algo.kl.binary_kl`).
         agg: how a sequence-level metric aggregates its tokens: "mean", "sum" or "max".
         upper, lower: the bounds (None: none).
     """
@@ -134,6 +136,9 @@ def apply_rejection_sampling(
     lower, upper = cfg.lower, cfg.upper
     if cfg.metric == "ratio":
         metric = w
+    elif cfg.metric == "binary_kl":
+        both = torch.maximum(binary_kl(prox_logp, behave_logp), binary_kl(behave_logp, prox_logp))
+        metric = torch.where(cand, both, 0.0)
     else:
         metric = torch.where(cand, kl_estimate(prox_logp, behave_logp, cfg.metric[3:]), 0.0)
     if cfg.level == "token":

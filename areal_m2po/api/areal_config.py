@@ -323,6 +323,7 @@ def translate(tree: dict[str, Any], known: frozenset[str] | set[str] = frozenset
         ConfigError: a value this trainer cannot honour, or two keys that disagree.
     """
     tree.pop(SWITCH, None)
+    _check_rl_datasets(tree)
     ignored = _drop_ignored(tree)
     areal_sections.map_sections(tree)
     for key, target in _EQUAL.items():
@@ -337,6 +338,22 @@ def translate(tree: dict[str, Any], known: frozenset[str] | set[str] = frozenset
         areal_sections.check_script_keys(tree, known)
     # what the renames and checks above left of the servers' sections
     return sorted(ignored + areal_sections.drop_server_leftovers(tree))
+
+
+_OTHER_TRAINERS = {"sft": "train_sft", "rw": "train_rm", "dpo": "train_dpo"}
+"""AReaL's dataset types of the other trainers -> this package's entry point for them."""
+
+
+def _check_rl_datasets(tree: dict[str, Any]) -> None:
+    """Refuse an AReaL SFT, RW or DPO file given to the RL trainer, naming the entry point."""
+    for section in ("train_dataset", "valid_dataset"):
+        kind = _get(tree, f"{section}.type")
+        if isinstance(kind, str) and kind in _OTHER_TRAINERS:
+            raise ConfigError(
+                f"{section}.type",
+                f"{kind!r}: this is AReaL's {kind.upper()} config; train it with "
+                f"python -m areal_m2po.{_OTHER_TRAINERS[kind]}",
+            )
 
 
 def _drop_ignored(tree: dict[str, Any]) -> list[str]:

@@ -137,8 +137,23 @@ def test_the_sweep_script_prints_one_line_per_file(tmp_path, capsys):
     )
     (tmp_path / "skipped.yaml").write_text("seed: [\n")
     (tmp_path / "notes.txt").write_text("not a config")
+    (tmp_path / "sft.yaml").write_text("cluster:\n  n_nodes: 1\ntrain_dataset:\n  type: sft\n")
     assert sweep.main([str(tmp_path), "--skip", "skipped.yaml"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "good.yaml: loads"
-    assert lines[1].startswith("sub/bad.yml: error: actor.backend: 'megatron:d2': the megatron")
-    assert lines[2:] == ["1 of 2 load"]
+    assert lines[0] == "good.yaml: (train) loads"
+    assert lines[1] == "sft.yaml: (train_sft) loads"  # read by the SFT trainer, not refused
+    assert lines[2].startswith(
+        "sub/bad.yml: (train) error: actor.backend: 'megatron:d2': the megatron"
+    )
+    assert lines[3:] == ["2 of 3 load"]
+
+
+def test_an_sft_dpo_or_rw_file_given_to_the_rl_trainer_names_its_entry_point():
+    for rel, entry in (
+        ("examples/math/gsm8k_sft.yaml", "train_sft"),
+        ("examples/alignment/hhrlhf_dpo.yaml", "train_dpo"),
+        ("examples/alignment/hhrlhf_rw.yaml", "train_rm"),
+    ):
+        with pytest.raises(ConfigError, match=f"python -m areal_m2po.{entry}$") as err:
+            load_config(["--config", str(AREAL / rel)], warn=lambda _line: None)
+        assert err.value.key == "train_dataset.type", rel

@@ -15,7 +15,7 @@ import torch
 from areal_m2po.algo.advantages import gae_advantages
 from areal_m2po.algo.aggregation import agg_loss
 from areal_m2po.algo.critic_loss import ppo_critic_loss
-from areal_m2po.algo.kl import kl_estimate
+from areal_m2po.algo.kl import binary_kl, kl_estimate
 from areal_m2po.algo.logprobs import gather_logprobs_entropy
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
@@ -287,6 +287,36 @@ def test_rejection_kl_metric():
         ppo_loss_kw(
             lp, prox, old, _t([1.0, 1.0]), 0.2, mask,
             rejection_sampling={"action": "clamp", "metric": "kl_k1", "upper": 1.0},
+        )  # fmt: skip
+
+
+def test_rejection_binary_kl_metric():
+    """AReaL's KPop: max of the two Bernoulli KLs of the sampled token's probabilities.
+
+    Token 0: prox p = 1/2, behave q = 1/4.
+      KL(p||q) = 1/2 ln 2 + 1/2 ln(2/3) = 0.143841; KL(q||p) = 1/4 ln(1/2) + 3/4 ln(3/2) = 0.130812
+      -> metric 0.143841. Token 1: p = q -> 0.
+    """
+    kl_pq = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)
+    kl_qp = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
+    assert binary_kl(_t([math.log(0.5)]), _t([math.log(0.25)])).item() == pytest.approx(kl_pq)
+    assert binary_kl(_t([math.log(0.25)]), _t([math.log(0.5)])).item() == pytest.approx(kl_qp)
+    prox = _t([math.log(0.5), math.log(0.3)])
+    old = _t([math.log(0.25), math.log(0.3)])
+    mask = torch.tensor([[True, True]])
+    w0 = 2.0  # exp(prox - old) of token 0
+    for upper, rejected in ((0.14, 0.5), (0.15, 0.0)):
+        spec = {"metric": "binary_kl", "upper": upper}
+        loss, stats, _ = _ppo(
+            prox.clone(), prox, old, _t([1.0, 1.0]), mask, eps_clip=0.2, rejection_sampling=spec
+        )
+        kept = -1.0 if rejected else -(1.0 + w0)
+        assert loss.item() == pytest.approx(kept / 2), upper
+        assert stats["actor/rejected_fraction"].item() == pytest.approx(rejected)
+    with pytest.raises(ValueError, match="upper"):
+        ppo_loss_kw(
+            prox, prox, old, _t([1.0, 1.0]), 0.2, mask,
+            rejection_sampling={"metric": "binary_kl", "upper": -1.0},
         )  # fmt: skip
 
 

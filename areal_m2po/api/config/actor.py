@@ -84,7 +84,9 @@ class RejectionSamplingConfig:
     )
     metric: str = config_field(
         "ratio",
-        "The quantity bounded: the importance ratio pi_prox/pi_behave, or a KL estimator of it.",
+        "The quantity bounded: the importance ratio pi_prox/pi_behave, a KL estimator of it "
+        "(kl_k1/k2/k3), or binary_kl (AReaL's KPop: the larger Bernoulli KL between the sampled "
+        "token's proximal and behaviour probabilities, both ways).",
         choices=REJECTION_METRICS,
     )
     agg: str = config_field(

@@ -86,7 +86,7 @@ class RejectionSamplingConfig:
         for name, valid in (
             ("level", ("token", "sequence")),
             ("action", ("mask", "clamp")),
-            ("metric", ("ratio", "kl_k1", "kl_k2", "kl_k3")),
+            ("metric", ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")),
             ("agg", ("sum", "mean", "max")),
         ):
             if getattr(self, name) not in valid:
