@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from areal_m2po.rollout.common.connections import bounded_http_protocol
+from areal_m2po.rollout.common.connections import uvicorn_limits
 from areal_m2po.rollout.common.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            http=bounded_http_protocol(),
-            timeout_keep_alive=5,
+            **uvicorn_limits(),
         )
     finally:
         worker.close()
