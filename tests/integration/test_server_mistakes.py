@@ -69,3 +69,16 @@ def test_a_missing_tokenizer_path_and_a_file_as_model_are_named(tmp_path):
     line = _only_error_line(_server("--model-path", str(afile)))
     assert line == f"error: --model-path: {afile} is a file; a model is a directory or a hub id"
     assert os.path.exists(afile)
+
+
+def test_a_port_in_use_is_named_before_the_model_loads():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = _server("--model-path", "builtin:tiny", "--port", str(port))
+    line = _only_error_line(proc)
+    assert line.startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there ("), line
+    assert "Loading weights" not in proc.stderr

@@ -51,7 +51,8 @@ def _port(text: str) -> int:
 def _refusal(args: argparse.Namespace) -> str | None:
     """The one-line error for arguments that cannot work or must not, found before the model
     loads: a public ``--host`` without a key, a local model or tokenizer path that is not there
-    (else the hub client's "Repo id must be in the form ..." names neither flag)."""
+    (else the hub client's "Repo id must be in the form ..." names neither flag), an address
+    that cannot be listened on."""
     from areal_m2po.rollout.openai.endpoint import is_loopback
 
     if not is_loopback(args.host) and not (args.api_key or os.environ.get(API_KEY_ENV)):
@@ -70,6 +71,21 @@ def _refusal(args: argparse.Namespace) -> str | None:
         first, sep, _ = path.partition("/")
         if path.startswith(("/", "./", "../", "~")) or (sep and first and os.path.isdir(first)):
             return f"{flag}: {path} does not exist (a local model directory)"
+    return _cannot_listen(args.host, args.port)
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use, not an address of this machine),
+    or None; checked before the model loads, as uvicorn's bind would fail only after it."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
     return None
 
 
