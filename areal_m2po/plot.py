@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             path = plot_run(args.run_dir[0], args.out)
         else:
             labels = args.labels.split(",") if args.labels else None
-            path = plot_comparison(args.run_dir, args.out, labels)
+            path = plot_comparison(args.run_dir, str(args.out), labels)  # --out required
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
