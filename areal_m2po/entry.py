@@ -79,12 +79,30 @@ def config_main(
         print_error(exc)
         return exc.exit_status
     except KeyboardInterrupt:
-        print_error(
-            "interrupted (Ctrl-C); the metrics and checkpoints written so far are kept "
-            "(recover.mode=auto resumes from the last recover checkpoint)"
-        )
+        print_error(f"interrupted (Ctrl-C); {_how_to_continue(cfg)}")
         return EXIT_INTERRUPTED
     return 0 if status is None else int(status)
+
+
+def _how_to_continue(cfg: Any) -> str:
+    """The rest of the Ctrl-C line: what was kept and the command that continues, which
+    depends on whether a recover checkpoint was written (``recover.mode`` disabled: none)."""
+    import os
+
+    from areal_m2po.utils.recover import latest_checkpoint, recover_root
+
+    output_dir = os.path.expanduser(str(getattr(cfg, "output_dir", "")))
+    last = latest_checkpoint(recover_root(output_dir)) if output_dir else None
+    if last is not None:
+        return (
+            "the metrics and checkpoints written so far are kept; recover.mode=auto resumes "
+            f"from the last recover checkpoint, {last}"
+        )
+    return (
+        f"the metrics written so far are kept in {output_dir}, but no recover checkpoint was "
+        "written (recover.mode=auto with recover.freq_steps writes them), so the run cannot "
+        "be resumed: rerun with overwrite_output_dir=true or another output_dir"
+    )
 
 
 def exit_status(status: int) -> int:

@@ -304,13 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(args.run_dir) > 1 and args.out is None:
         parser.error("--out is required when comparing several runs")
+    if args.out is not None:
+        args.out = os.path.expanduser(args.out)
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if os.path.isdir(args.out) or not os.path.isdir(folder):
+            what = "is a folder" if os.path.isdir(args.out) else f"{folder} is not a folder"
+            print(f"error: --out: {args.out}: {what}; name the PNG file to write", file=sys.stderr)
+            return 2
     try:
         require_extra("python -m areal_m2po.plot", "plotting", "plot")
         if len(args.run_dir) == 1:
             path = plot_run(args.run_dir[0], args.out)
         else:
             labels = args.labels.split(",") if args.labels else None
-            path = plot_comparison(args.run_dir, args.out, labels)
+            path = plot_comparison(args.run_dir, str(args.out), labels)  # --out required
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

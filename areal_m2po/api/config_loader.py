@@ -95,8 +95,7 @@ def _suggest(key: str, cls: type) -> str:
     if not close:
         last = key.rsplit(".", 1)[-1]
         close = [k for k in keys if k.rsplit(".", 1)[-1] == last][:1]
-    if not close:
-        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.4)
+    # no looser match: 'foo.bar' was offered 'rollout.backend', which it has nothing to do with
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -465,6 +465,7 @@ def _check_resumable(path: str, config: Any, world: int) -> None:
             value = getattr(value, part, None)
         current[key] = value
     recover.read_meta(path, world, current)
+    recover.check_steps_left(path, meta, getattr(config, "total_train_steps", None))
     recorded = meta.get("run_config")
     if not isinstance(recorded, dict):
         return

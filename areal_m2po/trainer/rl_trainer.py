@@ -71,6 +71,18 @@ logger = logging.getLogger("areal_m2po.trainer")
 __all__ = ["RLTrainer", "run"]
 
 
+def _load_agent_early(rollout: Any) -> None:
+    """Import the agent workflow's ``rollout.workflow_kwargs.agent`` before any model loads
+    (the workflow itself is built after them): a module not on the path stops in one line at
+    once, not after the models load."""
+    agent_workflow = BUILTIN_WORKFLOWS["agent"]
+    if BUILTIN_WORKFLOWS.get(rollout.workflow, rollout.workflow) != agent_workflow:
+        return
+    agent = (rollout.workflow_kwargs or {}).get("agent")
+    if isinstance(agent, str):
+        load_object(agent, "rollout.workflow_kwargs.agent", callable_required=False)
+
+
 class RLTrainer(RecoverableStepLoop):
     """Builds every part of a run from a :class:`PPOConfig` and runs the step loop (its
     bookkeeping: :class:`~areal_m2po.trainer.step_loop.RecoverableStepLoop`).
@@ -113,6 +125,7 @@ class RLTrainer(RecoverableStepLoop):
             self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
             if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
                 load_object(cfg.rollout.workflow, "rollout.workflow")
+            _load_agent_early(cfg.rollout)
             self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
             critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
             load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)

@@ -58,6 +58,22 @@ def _user_frame(tb: TracebackType | None) -> tuple[str, int] | None:
     return frame.filename, frame.lineno or 0
 
 
+def _path_hint(spec: str) -> str:
+    """Advice when ``spec`` names a file (``dir/file.py:fn``) rather than a module."""
+    module_name, _, attr = spec.partition(":")
+    if not (module_name.endswith(".py") or os.sep in module_name or "/" in module_name):
+        return ""
+    path = os.path.expanduser(module_name)
+    if not os.path.isfile(path):
+        return f"; it is read as a module path, and no file {path} exists either"
+    folder, stem = os.path.split(os.path.abspath(path))
+    stem = stem[:-3] if stem.endswith(".py") else stem
+    return (
+        f"; a file path is not a module: put {folder} on PYTHONPATH and write "
+        f"'{stem}:{attr or 'function'}'"
+    )
+
+
 def _import(module_name: str, spec: str, key: str) -> ModuleType:
     """``importlib.import_module`` with every failure turned into one ConfigError line."""
     try:
@@ -69,7 +85,7 @@ def _import(module_name: str, spec: str, key: str) -> ModuleType:
         found = _user_frame(exc.__traceback__)
         if found is None and isinstance(exc, ModuleNotFoundError):  # the module itself is missing
             raise ConfigError(
-                key, f"{spec!r}: cannot import module {module_name!r} ({exc})"
+                key, f"{spec!r}: cannot import module {module_name!r} ({exc}){_path_hint(spec)}"
             ) from None
         where = f"{found[0]}:{found[1]}" if found else "<unknown file>"
         what = f"{type(exc).__name__}: {exc}"

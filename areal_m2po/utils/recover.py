@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT_VERSION",
     "RecoverError",
     "capture_rng",
+    "check_steps_left",
     "checkpoint_to_resume",
     "install_sigterm_handler",
     "latest_checkpoint",
@@ -274,6 +275,23 @@ def read_meta(path: str, world_size: int, config: Mapping[str, Any]) -> dict[str
             f"recover checkpoint {meta_path} belongs to a different run: " + ", ".join(diffs)
         )
     return meta
+
+
+def check_steps_left(path: str, meta: Mapping[str, Any], total: Any) -> None:
+    """Refuse the checkpoint ``path`` (``meta``: its ``meta.json``) when its step is past
+    ``total`` (``total_train_steps``; None: set by epochs): resuming would train nothing and
+    save its policy as the run's final model, exit 0. At ``total`` it is a finished run.
+
+    Raises:
+        RecoverError: one line naming the step and ``total_train_steps``.
+    """
+    step = meta.get("step")
+    if isinstance(step, int) and isinstance(total, int) and step > total:
+        raise RecoverError(
+            f"recover checkpoint {path} is at step {step}, past total_train_steps={total}: "
+            f"resuming would train nothing; set total_train_steps above {step} to continue "
+            "that run"
+        )
 
 
 def load_files(path: str, loaders: Sequence[tuple[str, Callable[[Any], None]]]) -> None:

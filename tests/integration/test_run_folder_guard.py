@@ -109,3 +109,23 @@ def test_a_failed_save_is_one_line_and_keeps_the_metrics(tmp_path: Path) -> None
     assert line.endswith("; metrics.jsonl and the checkpoints written before are kept")
     # the step whose save failed still has its metrics line
     assert [m["step"] for m in read_metrics(out) if "actor/loss" in m] == [1]
+
+
+def test_a_resume_past_total_train_steps_is_refused(tmp_path: Path) -> None:
+    """Found in the new-user sweep: a run at step 2 rerun with ``total_train_steps=1`` resumed,
+    trained nothing, saved step 2's policy as ``checkpoints/final`` and exited 0."""
+    out = tmp_path / "run"
+    recover = ("recover.mode=auto", "recover.freq_steps=1", "evaluator.eval_at_end=false")
+    first = _run(f"output_dir={out}", "total_train_steps=2", "saver.save_at_end=false", *recover)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _run(f"output_dir={out}", "total_train_steps=1", *recover)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert again.stderr.strip().splitlines() == [
+        f"error: recover.mode: recover checkpoint {out / 'recover' / 'step_2'} is at step 2, "
+        "past total_train_steps=1: resuming would train nothing; set total_train_steps above 2 "
+        "to continue that run; overwrite_output_dir=true replaces that run, or choose another "
+        "output_dir"
+    ]
+    assert not (out / "checkpoints" / "final").exists()
+    same = _run(f"output_dir={out}", "total_train_steps=2", "saver.save_at_end=false", *recover)
+    assert same.returncode == 0, same.stderr[-3000:]  # at total_train_steps: a finished run

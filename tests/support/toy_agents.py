@@ -20,3 +20,18 @@ async def two_turn_agent(base_url: str, api_key: str, record: dict[str, Any]) ->
             messages += [message, {"role": "user", "content": follow_up}]
     joined = "".join(texts)
     return sum(ch.isdigit() for ch in joined) / max(1, len(joined))
+
+
+async def gated_two_turn_agent(base_url: str, api_key: str, record: dict[str, Any]) -> float:
+    """:func:`two_turn_agent` once the file named by ``$AGENT_GATE`` exists (the flood test
+    opens its gate when its flood is in place; at most 300 s)."""
+    import asyncio
+    import os
+    import time
+
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.environ["AGENT_GATE"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the gate {os.environ['AGENT_GATE']} never opened")
+        await asyncio.sleep(0.1)
+    return await two_turn_agent(base_url, api_key, record)

@@ -60,3 +60,15 @@ def areal_digit_count(prompt, completions, prompt_ids, completion_ids, answer, *
         raise TypeError("token ids must be lists")
     digits = sum(ch.isdigit() for ch in completions) / max(len(completions), 1)
     return digits + (1.0 if completion_ids and prompt_ids else 0.0)
+
+
+def gated_digit_fraction(prompt: str, completion: str, answer: str, **kwargs: object) -> float:
+    """:func:`digit_fraction` once the file named by ``$REWARD_GATE`` exists (the flood test
+    opens its gate when its flood is in place; at most 300 s, then 0)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.environ["REWARD_GATE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return digit_fraction(prompt, completion, answer)

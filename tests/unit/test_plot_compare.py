@@ -79,3 +79,16 @@ def test_main_compares_several_runs(tmp_path: Path, capsys):
         plot.main([str(a), str(b)])
     assert exc.value.code == 2
     assert "--out is required when comparing several runs" in capsys.readouterr().err
+
+
+def test_out_in_a_missing_folder_or_naming_a_folder_names_out(tmp_path: Path, capsys):
+    """Found in the new-user sweep: ``--out`` in a folder that does not exist ended in
+    ``error: [Errno 2] No such file or directory: ...`` after the figure was drawn."""
+    a = _run(tmp_path, "a", M2PO_ROWS)
+    out = tmp_path / "nodir" / "c.png"
+    assert plot.main([str(a), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --out: {out}: {out.parent} is not a folder; name the PNG file to write"
+    assert plot.main([str(a), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out: {tmp_path}: is a folder")
+    assert not out.parent.exists()

@@ -153,3 +153,20 @@ def test_load_object_missing_module_and_success() -> None:
     assert load_object("areal_m2po.reward.math_reward:math_reward_fn", "k") is math_reward_fn
     assert load_object("areal_m2po.reward.math_reward.math_reward_fn", "k") is math_reward_fn
     assert load_object("areal_m2po.reward.math_reward:__all__", "k", callable_required=False)
+
+
+def test_a_file_path_in_place_of_a_module_gets_the_fix(tmp_path: Path) -> None:
+    """Found in the new-user sweep: ``reward.path=/dir/r.py:f`` ended in "No module named
+    '/dir/r'", with no word on what reward.path takes instead."""
+    user_file = tmp_path / "my_reward.py"
+    user_file.write_text("def f(prompt, completion, answer, **kw):\n    return 1.0\n")
+    with pytest.raises(ConfigError) as info:
+        load_object(f"{user_file}:f", "reward.path")
+    assert str(info.value).endswith(
+        f"a file path is not a module: put {tmp_path} on PYTHONPATH and write 'my_reward:f'"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_object(f"{tmp_path}/missing.py:f", "reward.path")
+    assert str(info.value).endswith(
+        f"it is read as a module path, and no file {tmp_path}/missing.py exists either"
+    )

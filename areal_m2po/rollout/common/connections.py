@@ -16,7 +16,17 @@ starts only after a response. So a local user holding ~1,100 idle TCP connection
   answered, the new one is closed. A new probe therefore always gets through a flood of idle
   connections, and descriptors stay bounded.
 
-Pass the class as ``uvicorn.Config(http=...)``.
+The cap alone does not bound descriptors: asyncio accepts up to its listen backlog of queued
+connections in one pass of the loop (uvicorn's default backlog is 2,048), before any of them
+reaches the protocol, and an evicted connection's socket closes a pass or two later. Inside a
+training run limited to 1,024 descriptors, a flood of 1,100 queued connections was accepted at
+once and the agent's own client got ``Too many open files``. So :func:`uvicorn_limits` also
+sets the backlog to :data:`BACKLOG` (a pass accepts at most that many) and sizes the cap to a
+quarter of the process's descriptor limit: the cap plus a few passes' accepts stay well under
+it, leaving the rest to the process's own files.
+
+Pass :func:`uvicorn_limits` to ``uvicorn.Config`` / ``uvicorn.run`` (or the class alone as
+``http=...``).
 """
 
 from __future__ import annotations
@@ -25,12 +35,52 @@ import asyncio
 import time
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_REQUEST_TIMEOUT_S", "bounded_http_protocol"]
+__all__ = [
+    "BACKLOG",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "bounded_http_protocol",
+    "max_connections_for",
+    "uvicorn_limits",
+]
 
 DEFAULT_MAX_CONNECTIONS = 512
 """Open connections a server keeps (the trainer's HTTP client uses at most 100 per server)."""
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
 """Seconds a connection has to send a whole request (well under the trainer's 10 s probe)."""
+BACKLOG = 64
+"""The listen backlog: connections the kernel queues, and the most one loop pass accepts."""
+
+
+def max_connections_for(fd_limit: int | None) -> int:
+    """The connection cap of a process allowed ``fd_limit`` descriptors (None: no limit): a
+    quarter of the limit, between 16 and :data:`DEFAULT_MAX_CONNECTIONS`. The cap plus the
+    connections accepted but not yet closed (a few :data:`BACKLOG` passes) stay under half the
+    limit; the process's own files, pipes and outgoing connections have the rest."""
+    if fd_limit is None or fd_limit <= 0:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(16, min(DEFAULT_MAX_CONNECTIONS, fd_limit // 4))
+
+
+def _open_file_limit() -> int | None:
+    """This process's soft descriptor limit now (None: unlimited or not POSIX)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def uvicorn_limits() -> dict[str, Any]:
+    """``uvicorn.Config`` keywords of a bounded server: the protocol of the module doc, capped
+    for this process's descriptor limit now (raise the limit first), :data:`BACKLOG`, and a
+    keep-alive of :data:`DEFAULT_REQUEST_TIMEOUT_S`."""
+    return {
+        "http": bounded_http_protocol(max_connections_for(_open_file_limit())),
+        "backlog": BACKLOG,
+        "timeout_keep_alive": int(DEFAULT_REQUEST_TIMEOUT_S),
+    }
 
 
 def bounded_http_protocol(

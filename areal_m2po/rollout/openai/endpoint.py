@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
 from areal_m2po.api.workflow_api import Trajectory
-from areal_m2po.rollout.common.connections import bounded_http_protocol
+from areal_m2po.rollout.common.connections import uvicorn_limits
 from areal_m2po.rollout.common.guard import ServerGuard
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
@@ -285,8 +285,7 @@ class AgentProxy:
             log_level="warning",
             lifespan="off",
             access_log=False,
-            http=bounded_http_protocol(),
-            timeout_keep_alive=5,
+            **uvicorn_limits(),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

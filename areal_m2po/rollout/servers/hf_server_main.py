@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from areal_m2po.rollout.common.connections import bounded_http_protocol
+from areal_m2po.rollout.common.connections import uvicorn_limits
 from areal_m2po.rollout.common.guard import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 from areal_m2po.rollout.servers.watchdog import watch_parent
 from areal_m2po.utils.console import print_error
@@ -37,6 +37,58 @@ _TRACE = 5
 """uvicorn's ``trace`` level, below ``debug`` (the logging module has no name for it)."""
 
 
+def _port(text: str) -> int:
+    """``--port``: an integer 0-65535 (else argparse's one-line error, not a bind traceback)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {port}")
+    return port
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """The one-line error for arguments that cannot work or must not, found before the model
+    loads: a public ``--host`` without a key, a local model or tokenizer path that is not there
+    (else the hub client's "Repo id must be in the form ..." names neither flag), an address
+    that cannot be listened on."""
+    from areal_m2po.rollout.openai.endpoint import is_loopback
+
+    if not is_loopback(args.host) and not (args.api_key or os.environ.get(API_KEY_ENV)):
+        return (
+            f"--host {args.host}: not a loopback address, and no key (--api-key or "
+            f"${API_KEY_ENV}): whoever reaches it could generate and load weights"
+        )
+    for flag, path in (
+        ("--model-path", args.model_path),
+        ("--tokenizer-path", args.tokenizer_path),
+    ):
+        if path is None or path.startswith("builtin:") or os.path.isdir(path):
+            continue
+        if os.path.exists(path):
+            return f"{flag}: {path} is a file; a model is a directory or a hub id"
+        first, sep, _ = path.partition("/")
+        if path.startswith(("/", "./", "../", "~")) or (sep and first and os.path.isdir(first)):
+            return f"{flag}: {path} does not exist (a local model directory)"
+    return _cannot_listen(args.host, args.port)
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use, not an address of this machine),
+    or None; checked before the model loads, as uvicorn's bind would fail only after it."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m areal_m2po.rollout_server",
@@ -48,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--tokenizer-path", default=None)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port", type=_port, default=30000)
     p.add_argument("--dtype", default="auto", choices=sorted(_DTYPES))
     p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--max-running-requests", type=int, default=256)
@@ -61,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--api-key",
         default=None,
         help=f"every request but /health must carry 'Authorization: Bearer KEY' (default: "
-        f"${API_KEY_ENV}; neither: no key, a warning)",
+        f"${API_KEY_ENV}; neither: no key, a warning, and a non-loopback --host is refused)",
     )
     p.add_argument(
         "--weights-root",
@@ -83,11 +135,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.model_path = os.path.expanduser(args.model_path)
+    if args.tokenizer_path is not None:
+        args.tokenizer_path = os.path.expanduser(args.tokenizer_path)
     try:
         feature, modules = "the rollout server", ("fastapi", "uvicorn")
         require_extra("python -m areal_m2po.rollout_server", feature, "server", modules)
     except ValueError as exc:
         print_error(exc)
+        return 2
+    refusal = _refusal(args)
+    if refusal is not None:
+        print_error(refusal)
         return 2
     if args.parent_pid is not None:
         if os.getppid() != args.parent_pid:
@@ -149,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            http=bounded_http_protocol(),
-            timeout_keep_alive=5,
+            **uvicorn_limits(),
         )
     finally:
         worker.close()
