@@ -117,19 +117,20 @@ class CascadeCache(_Cache):
 
     def __init__(self, n_layers: int, capacity: int = 0) -> None:
         # transformers' Cache (generate checks the type); its layer machinery is not used
-        self.layers = [CascadeLayer(self) for _ in range(n_layers)]  # type: ignore[misc]
+        self.own_layers = [CascadeLayer(self) for _ in range(n_layers)]
+        self.layers = self.own_layers  # type: ignore[assignment]
         self.layer_class_to_replicate = None
         self.offloading = False
         self.levels: list[_Level] = []
         self.capacity = capacity
 
     # -- what the model and generate call ----------------------------------------------------
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *a: Any, **kw: Any) -> Any:
-        kv = self.layers[layer_idx].update(k, v)
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *a: Any, **kw: Any) -> Any:  # type: ignore[override]
+        kv = self.own_layers[layer_idx].update(k, v)
         return kv, kv
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return sum(int(lv.mask.shape[1]) for lv in self.levels) + self.layers[layer_idx].own_len
+        return sum(int(lv.mask.shape[1]) for lv in self.levels) + self.own_layers[layer_idx].own_len
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.get_seq_length(layer_idx) + query_length, 0
@@ -150,7 +151,7 @@ class CascadeCache(_Cache):
     # -- building the levels -------------------------------------------------------------------
     def seed(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """A first level of one node computed elsewhere: per layer ``[1, H, c, D]``."""
-        for layer, k, v in zip(self.layers, keys, values, strict=True):
+        for layer, k, v in zip(self.own_layers, keys, values, strict=True):
             layer.keys.append(k)
             layer.values.append(v)
         c = keys[0].shape[-2]
@@ -160,7 +161,7 @@ class CascadeCache(_Cache):
     def freeze(self, mask: torch.Tensor) -> None:
         """The own columns just computed become a level; ``mask`` bool ``[N, W]`` its real
         tokens (the rows are its nodes)."""
-        for layer in self.layers:
+        for layer in self.own_layers:
             layer.freeze()
         n = mask.shape[0]
         self.levels.append(_grouped(mask.bool(), torch.arange(n, device=mask.device)))
@@ -168,7 +169,7 @@ class CascadeCache(_Cache):
     def select(self, rows: torch.Tensor) -> None:
         """The next rows are ``rows`` (int64 ``[B']``) of the current ones, before any own
         column of theirs exists."""
-        if any(layer.own_len for layer in self.layers):
+        if any(layer.own_len for layer in self.own_layers):
             raise ValueError("CascadeCache.select: freeze the own columns first")
         self.levels = [_grouped(lv.mask, lv.row[rows]) for lv in self.levels]
 

@@ -191,8 +191,8 @@ class HeadStore:
         n = c + int(top.mask.sum())
         idx = 1 if c else 0
         self.tokens = prompt[:n]
-        self.keys = [_joined(layer.keys, idx) for layer in cache.layers]
-        self.values = [_joined(layer.values, idx) for layer in cache.layers]
+        self.keys = [_joined(layer.keys, idx) for layer in cache.own_layers]
+        self.values = [_joined(layer.values, idx) for layer in cache.own_layers]
 
 
 def _joined(kv: list[torch.Tensor], idx: int) -> torch.Tensor:

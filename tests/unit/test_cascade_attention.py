@@ -50,14 +50,14 @@ def test_attention_over_levels_equals_one_softmax() -> None:
     cache = ca.CascadeCache(1)
     k0, v0, m0 = rnd(2, h, 4, d), rnd(2, h, 4, d), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     k1, v1, m1 = rnd(3, h, 3, d), rnd(3, h, 3, d), torch.tensor([[1, 1, 1], [0, 0, 0], [1, 0, 0]])
-    cache.layers[0].keys, cache.layers[0].values = [k0, k1], [v0, v1]
+    cache.own_layers[0].keys, cache.own_layers[0].values = [k0, k1], [v0, v1]
     row0, row1 = torch.tensor([1, 0, 1, 1, 0]), torch.tensor([2, 0, 1, 2, 2])
     cache.levels = [ca._grouped(m0.bool(), row0), ca._grouped(m1.bool(), row1)]
-    cache.layers[0].update(rnd(b, h, 1, d), rnd(b, h, 1, d))
-    kv = cache.layers[0].update(rnd(b, h, 2, d), rnd(b, h, 2, d))
+    cache.own_layers[0].update(rnd(b, h, 1, d), rnd(b, h, 1, d))
+    kv = cache.own_layers[0].update(rnd(b, h, 2, d), rnd(b, h, 2, d))
     q = rnd(b, hq, 2, d)
     out, _ = ca.cascade_attention(torch.nn.Module(), q, kv, kv, None, scaling=0.3)
-    layer = cache.layers[0]
+    layer = cache.own_layers[0]
     own_k, own_v = layer.own_k[:, :, :3], layer.own_v[:, :, :3]
     levels = [(k0, v0, m0.bool(), row0), (k1, v1, m1.bool(), row1)]
     want = _reference(q, levels, own_k, own_v, 0.3)
