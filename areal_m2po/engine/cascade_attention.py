@@ -13,7 +13,9 @@ log-sum-exp, which equals one softmax over all columns up to float rounding.
 The model runs it under the attention name :data:`CASCADE` (:func:`cascade_mode`); its cache
 ``update`` returns a :class:`CascadeKV` in place of the key tensor, which the attention
 function recognises (any other key goes to the ordinary ``sdpa`` function with its mask). No
-gradient: the own buffer is written in place, so it serves only no-grad passes and generation.
+gradient through the decode buffer (written in place); a single forward over the own columns
+(the levels, the completions of a training pass) keeps its keys as they are, so gradients flow
+through every level as through a plain cache.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class CascadeLayer:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> CascadeKV:
         s = k.shape[-2]
         need = self.own_len + s
+        if self.own_len == 0 and self.cache.capacity <= s:  # one call: no copy, no in-place
+            self.own_k, self.own_v, self.own_len = k, v, s
+            return CascadeKV(self, s)
         if self.own_k is None or self.own_k.shape[-2] < need:
             grown = 2 * self.own_k.shape[-2] if self.own_k is not None else 0
             cap = max(need, self.cache.capacity, grown)
@@ -179,11 +184,12 @@ def _part(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q`` ``[N, H, M, D]`` over ``k``/``v`` ``[N, H, W, D]`` with an
     additive ``bias`` (0 or -inf, broadcast to ``[N, H, M, W]``): the normalised output
-    ``[N, H, M, D]`` and the log-sum-exp ``[N, H, M]`` (-inf where every column is masked)."""
+    ``[N, H, M, D]`` and the log-sum-exp ``[N, H, M]``. Masked columns carry the dtype's
+    lowest finite value, not -inf: a fully masked row (an empty segment) then gets an lse of
+    about that value, so its merge weight is 0 and every gradient finite."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
     lse = torch.logsumexp(scores, -1)
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    return torch.matmul(torch.exp(scores - safe[..., None]), v), lse
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
 
 
 def _level_part(
@@ -193,7 +199,7 @@ def _level_part(
     queries): each node's keys once, against all its rows' queries together."""
     b, h, g, d = q.shape
     bias = torch.zeros(lv.mask.shape, dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(~lv.mask, float("-inf"))[:, None, None, :]
+    bias = bias.masked_fill(~lv.mask, torch.finfo(q.dtype).min)[:, None, None, :]
     if lv.groups is None:
         return _part(q, k, v, bias, scale)
     n, m = lv.groups.shape
@@ -237,7 +243,7 @@ def cascade_attention(
     causal = (
         torch.arange(t, device=q.device)[None, :] > torch.arange(t - s, t, device=q.device)[:, None]
     )
-    bias = torch.zeros(s, t, dtype=work, device=q.device).masked_fill(causal, float("-inf"))
+    bias = torch.zeros(s, t, dtype=work, device=q.device).masked_fill(causal, torch.finfo(work).min)
     out, lse = _part(q, own_k, own_v, bias.repeat(g, 1), scale)
     for lv, k, v in zip(layer.cache.levels, layer.keys, layer.values):
         o2, l2 = _level_part(q, k.to(work), v.to(work), lv, scale)

@@ -208,7 +208,7 @@ def prefill_levels(
 ) -> PrefillState:
     """Run the levels of ``tree`` through ``model`` with ``use_cache=True``, each level on its
     parents' cache rows: a ``DynamicCache`` with the rows copied
-    (``Cache.batch_select_indices``), or with ``cascade`` (no grad, inside
+    (``Cache.batch_select_indices``), or with ``cascade`` (inside
     :func:`~areal_m2po.engine.cascade_attention.cascade_mode`) a
     :class:`~areal_m2po.engine.cascade_attention.CascadeCache` that keeps each level once.
     ``seed`` (cascade only, from :meth:`HeadStore.seed`): ``c`` tokens every sequence of
@@ -294,8 +294,8 @@ def forward_logprobs_shared_prefix(
     log-probs and entropies aligned to ``mb["input_ids"]``, zero outside the completion
     columns), equal up to float rounding. ``min_saved_tokens``: where a run shared by several
     prompts is split out (``inf``: distinct prompts only). ``cascade``: keep each level's KV
-    once (:mod:`~areal_m2po.engine.cascade_attention`); None: wherever no gradient is recorded
-    and the model's attention allows it. ``head_store`` (cascade only): one per pass, shared
+    once (:mod:`~areal_m2po.engine.cascade_attention`); None: wherever the model's attention
+    allows it. ``head_store`` (cascade, no grad): one per pass, shared
     by its micro-batches, so that a head every prompt of one began with is run once per pass
     (:class:`HeadStore`). Falls back to the plain pass when
     :func:`prompt_index` finds no prompt to share."""
@@ -312,8 +312,8 @@ def forward_logprobs_shared_prefix(
         row[m.bool()].tolist() for row, m in zip(ids[:, :start].cpu(), attn[:, :start].cpu())
     ]
     if cascade is None:
-        cascade = not torch.is_grad_enabled() and cascade_supported(model)
-    store = head_store if cascade else None
+        cascade = cascade_supported(model)
+    store = head_store if cascade and not torch.is_grad_enabled() else None
     c = store.reusable(prompts) if store is not None and store.tokens else 0
     tree = build_prefix_levels([p[c:] for p in prompts], min_saved_tokens)
     with cascade_mode(model) if cascade else contextlib.nullcontext():
