@@ -111,16 +111,23 @@ def score(
 ) -> Any:
     """The engine's shared-prefix no-grad pass (``TrainEngine.forward_tokens``): prompt groups
     cut within ``budget`` tokens, each micro-batch scored on its prefix tree (``cascade``:
-    the levels' KV once, or False: copied per row)."""
+    the levels' KV once and a head reused across micro-batches, or False: copied per row)."""
     import torch
 
-    from areal_m2po.engine.shared_prefix import forward_logprobs_shared_prefix, shared_prefix_split
+    from areal_m2po.engine.shared_prefix import (
+        HeadStore,
+        forward_logprobs_shared_prefix,
+        shared_prefix_split,
+    )
 
     logp = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    store = HeadStore()  # one per pass, as the engine's; unused without the cascade
     with torch.no_grad():
         for idx in shared_prefix_split(batch, budget) or [torch.arange(logp.shape[0])]:
             mb = {k: v.index_select(0, idx) for k, v in batch.items()}
-            logp[idx] = forward_logprobs_shared_prefix(model, mb, 1.0, False, min_saved, cascade)[0]
+            logp[idx] = forward_logprobs_shared_prefix(
+                model, mb, 1.0, False, min_saved, cascade, store
+            )[0]
     return logp
 
 
