@@ -9,7 +9,9 @@ Run::
     python scripts/bench/bench_prefix_cache.py --model builtin:tiny --eval-prompts 8
 
 Arms (interleaved rounds; ``off`` is the code before prefix caching: identical prompts share,
-distinct ones do not):
+distinct ones do not, the cache copied per row; ``dyn`` the grouping by common prefix on the
+copied ``DynamicCache``; ``on`` the grouping with cascade attention and, in the no-grad pass,
+a head reused across micro-batches; ``--arms REGEX`` runs only the arms it finds):
 
 - ``eval``: the held-out evaluation, ``--eval-prompts`` distinct test prompts, one greedy batch
   of 16 new tokens (``HFGenerator.generate``, as the evaluator calls it).
@@ -20,9 +22,9 @@ distinct ones do not):
 - ``*_sys``: the same prompts (the no-grad pass: the same completions too) behind a
   ``--system-tokens`` shared system prompt.
 
-Ratios are medians of per-round ratios: ``X_on/off`` the grouping's speed-up, ``X_sys`` the
-cost of the system prompt with the grouping on (``X_sys_off``: without it), against the same
-batch without the system prompt. ``--threshold`` instead times the no-grad pass over prompts
+Ratios are medians of per-round ratios: ``X_on/off`` (and ``X_dyn/off``, ``X_on/dyn``) the
+speed-ups, ``X_sys_on`` the cost of the system prompt with the grouping and cascade
+(``X_sys_dyn``, ``X_sys_off``: the other arms), against the same batch without it. ``--threshold`` instead times the no-grad pass over prompts
 whose common head of L tokens is split out or not, for k prompts: where the ratio crosses 1,
 ``(k - 1) x L`` is the break-even ``MIN_SAVED_TOKENS``. The last lines are ``name=value``.
 """
