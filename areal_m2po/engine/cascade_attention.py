@@ -43,13 +43,15 @@ class _Level:
     row: torch.Tensor
     groups: torch.Tensor | None
     slot: torch.Tensor | None
+    full: bool = False  # every column real
 
 
 def _grouped(mask: torch.Tensor, row: torch.Tensor) -> _Level:
     """A :class:`_Level` with ``row``'s grouping precomputed (once per layout, not per layer)."""
     n, b = mask.shape[0], row.numel()
+    full = bool(mask.all())
     if n == b and bool((row == torch.arange(b, device=row.device)).all()):
-        return _Level(mask, row, None, None)
+        return _Level(mask, row, None, None, full)
     order = torch.argsort(row, stable=True)
     counts = torch.bincount(row, minlength=n)
     m = int(counts.max())
@@ -59,7 +61,7 @@ def _grouped(mask: torch.Tensor, row: torch.Tensor) -> _Level:
     groups[row[order], rank] = order
     slot = torch.empty(b, dtype=torch.long, device=row.device)
     slot[order] = row[order] * m + rank
-    return _Level(mask, row, groups, slot)
+    return _Level(mask, row, groups, slot, full)
 
 
 @dataclass
@@ -180,16 +182,17 @@ class CascadeCache(_Cache):
 
 
 def _part(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of ``q`` ``[N, H, M, D]`` over ``k``/``v`` ``[N, H, W, D]`` with an
-    additive ``bias`` (0 or -inf, broadcast to ``[N, H, M, W]``): the normalised output
-    ``[N, H, M, D]`` and the log-sum-exp ``[N, H, M]``. Masked columns carry the dtype's
-    lowest finite value, not -inf: a fully masked row (an empty segment) then gets an lse of
-    about that value, so its merge weight is 0 and every gradient finite."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
-    lse = torch.logsumexp(scores, -1)
-    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+    additive ``bias`` (0 where allowed, broadcast to ``[N, H, M, W]``; None: every column): the
+    normalised output ``[N, H, M, D]`` and the log-sum-exp ``[N, H, M]``. Masked columns carry
+    the dtype's lowest finite value, not -inf: a fully masked row (an empty segment) then gets
+    an lse of about that value, so its merge weight is 0 and every gradient finite."""
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))
+    if bias is not None:
+        scores = scores + bias
+    return torch.matmul(torch.softmax(scores, -1), v), torch.logsumexp(scores, -1)
 
 
 def _level_part(
@@ -198,8 +201,10 @@ def _level_part(
     """One level's part for the rows' queries ``q`` ``[B, Hkv, G, D]`` (``G`` = group x
     queries): each node's keys once, against all its rows' queries together."""
     b, h, g, d = q.shape
-    bias = torch.zeros(lv.mask.shape, dtype=q.dtype, device=q.device)
-    bias = bias.masked_fill(~lv.mask, torch.finfo(q.dtype).min)[:, None, None, :]
+    bias = None
+    if not lv.full:  # no masked column: no bias to add
+        bias = torch.zeros(lv.mask.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~lv.mask, torch.finfo(q.dtype).min)[:, None, None, :]
     if lv.groups is None:
         return _part(q, k, v, bias, scale)
     n, m = lv.groups.shape
@@ -244,7 +249,7 @@ def cascade_attention(
         torch.arange(t, device=q.device)[None, :] > torch.arange(t - s, t, device=q.device)[:, None]
     )
     bias = torch.zeros(s, t, dtype=work, device=q.device).masked_fill(causal, torch.finfo(work).min)
-    out, lse = _part(q, own_k, own_v, bias.repeat(g, 1), scale)
+    out, lse = _part(q, own_k, own_v, bias.repeat(g, 1) if s > 1 else None, scale)
     for lv, k, v in zip(layer.cache.levels, layer.keys, layer.values):
         o2, l2 = _level_part(q, k.to(work), v.to(work), lv, scale)
         top = torch.maximum(lse, l2)
