@@ -14,13 +14,15 @@ The batch layout it relies on is the trainer's: prompts left-padded to a common 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from areal_m2po.engine.cascade_attention import CascadeCache, cascade_mode, cascade_supported
 from areal_m2po.engine.forward import forward_logprobs, token_logprobs
 from areal_m2po.engine.prefix_tree import (
     MIN_SAVED_TOKENS,
@@ -31,6 +33,7 @@ from areal_m2po.engine.prefix_tree import (
 from areal_m2po.utils.data import Batch, completion_start, trim_columns
 
 __all__ = [
+    "HeadStore",
     "cache_kwarg",
     "forward_logprobs_shared_prefix",
     "level_positions",
@@ -154,19 +157,79 @@ class PrefillState:
     last_logits: torch.Tensor | None
 
 
-def prefill_levels(model: torch.nn.Module, tree: PrefixLevels, want_logits: bool) -> PrefillState:
+@dataclass
+class HeadStore:
+    """The keys and values (per layer ``[1, H, L, D]``) of ``tokens``, a run of prompt tokens
+    that began every prompt of an earlier micro-batch of the same no-grad pass (same weights):
+    a later micro-batch whose prompts all begin with part of it continues on that part instead
+    of running it again (a system prompt computed once per pass, not once per micro-batch)."""
+
+    tokens: list[int] = field(default_factory=list)
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+    def reusable(self, prompts: list[list[int]]) -> int:
+        """How many leading tokens of every prompt the store holds (at least
+        ``MIN_SAVED_TOKENS``, else 0), leaving each prompt one token of its own at least."""
+        c = min(len(p) for p in prompts) - 1
+        for p in prompts:
+            c = min(c, common_prefix(self.tokens[:c], p[:c]))
+        return c if c >= MIN_SAVED_TOKENS else 0
+
+    def seed(self, c: int) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The first ``c`` tokens (int64 ``[c]``) and their keys and values."""
+        dev = self.keys[0].device
+        cut = [k[:, :, :c] for k in self.keys], [v[:, :, :c] for v in self.values]
+        return torch.tensor(self.tokens[:c], dtype=torch.long, device=dev), *cut
+
+    def remember(self, cache: CascadeCache, tree: PrefixLevels, prompt: list[int], c: int) -> None:
+        """After a pass that reused ``c`` tokens: keep its top segment, where one node (every
+        prompt's head), with the reused part before it."""
+        top = tree.levels[0]
+        if top.ids.shape[0] != 1:
+            return
+        n = c + int(top.mask.sum())
+        idx = 1 if c else 0
+        self.tokens = prompt[:n]
+        self.keys = [_joined(layer.keys, idx) for layer in cache.own_layers]
+        self.values = [_joined(layer.values, idx) for layer in cache.own_layers]
+
+
+def _joined(kv: list[torch.Tensor], idx: int) -> torch.Tensor:
+    return torch.cat([kv[0], kv[1]], 2) if idx else kv[0]
+
+
+def prefill_levels(
+    model: torch.nn.Module,
+    tree: PrefixLevels,
+    want_logits: bool,
+    cascade: bool = False,
+    seed: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]] | None = None,
+) -> PrefillState:
     """Run the levels of ``tree`` through ``model`` with ``use_cache=True``, each level on its
-    parents' cache rows (``Cache.batch_select_indices``)."""
+    parents' cache rows: a ``DynamicCache`` with the rows copied
+    (``Cache.batch_select_indices``), or with ``cascade`` (inside
+    :func:`~areal_m2po.engine.cascade_attention.cascade_mode`) a
+    :class:`~areal_m2po.engine.cascade_attention.CascadeCache` that keeps each level once.
+    ``seed`` (cascade only, from :meth:`HeadStore.seed`): ``c`` tokens every sequence of
+    ``tree`` comes after, with their keys and values (the tree's positions start at ``c``)."""
     name = cache_kwarg(model)
     dev = next(model.parameters()).device
-    cache, acc_ids, acc_mask, last = None, None, None, None
-    for level in tree.levels:
+    cache: Any = CascadeCache(_n_layers(model)) if cascade else None
+    acc_ids, acc_mask, last, base = None, None, None, 0
+    if seed is not None:
+        cache.seed(seed[1], seed[2])
+        acc_ids, base = seed[0][None], int(seed[0].numel())
+        acc_mask = torch.ones_like(acc_ids)
+    for i, level in enumerate(tree.levels):
         ids, mask = level.ids.to(dev), level.mask.to(dev)
-        parent, offset = level.parent.to(dev), level.offset.to(dev)
-        if cache is not None:
-            cache.batch_select_indices(parent)
+        parent, offset = level.parent.to(dev), level.offset.to(dev) + base
+        if i == 0 and seed is not None:
+            parent = torch.zeros_like(parent)
+        if acc_ids is not None:
+            select_rows(cache, parent)
             acc_ids = torch.cat([acc_ids[parent], ids], 1)
-            acc_mask = torch.cat([acc_mask[parent], mask], 1)
+            acc_mask = torch.cat([acc_mask[parent], mask], 1)  # type: ignore[index]
         else:
             acc_ids, acc_mask = ids, mask
         seg_len = mask.sum(-1)
@@ -186,14 +249,33 @@ def prefill_levels(model: torch.nn.Module, tree: PrefixLevels, want_logits: bool
             logits_to_keep=keep,
             **({name: cache} if cache is not None else {}),
         )
-        cache = getattr(out, name)
+        if cascade:
+            cache.freeze(mask)
+        else:
+            cache = getattr(out, name)
         if want_logits:
             mine = out.logits[torch.arange(ids.shape[0], device=dev), which]
             if last is not None:
                 mine = torch.where((seg_len > 0)[:, None], mine, last[parent])
             last = mine
-    length = tree.levels[-1].offset.to(dev) + tree.levels[-1].mask.to(dev).sum(-1)
+    length = tree.levels[-1].offset.to(dev) + base + tree.levels[-1].mask.to(dev).sum(-1)
+    assert acc_ids is not None and acc_mask is not None
     return PrefillState(cache, acc_ids, acc_mask, length, last)
+
+
+def select_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Continue ``cache`` with the rows ``rows`` (int64 ``[B']``) of its current ones."""
+    if isinstance(cache, CascadeCache):
+        cache.select(rows)
+    else:
+        cache.batch_select_indices(rows)
+
+
+def _n_layers(model: torch.nn.Module) -> int:
+    inner = getattr(model, "module", model)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    cfg = base.config
+    return int(getattr(cfg, "num_hidden_layers", 0) or cfg.get_text_config().num_hidden_layers)
 
 
 def forward_logprobs_shared_prefix(
@@ -202,6 +284,8 @@ def forward_logprobs_shared_prefix(
     temperature: float,
     compute_entropy: bool = True,
     min_saved_tokens: float = MIN_SAVED_TOKENS,
+    cascade: bool | None = None,
+    head_store: HeadStore | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~areal_m2po.engine.forward.forward_logprobs` with the prompts of ``mb`` grouped by
     their common prefixes (:func:`~areal_m2po.engine.prefix_tree.build_prefix_levels`): every
@@ -209,7 +293,11 @@ def forward_logprobs_shared_prefix(
     completions on top of their prompt's KV cache. The same contract (float32 ``[b, T]``
     log-probs and entropies aligned to ``mb["input_ids"]``, zero outside the completion
     columns), equal up to float rounding. ``min_saved_tokens``: where a run shared by several
-    prompts is split out (``inf``: distinct prompts only). Falls back to the plain pass when
+    prompts is split out (``inf``: distinct prompts only). ``cascade``: keep each level's KV
+    once (:mod:`~areal_m2po.engine.cascade_attention`); None: wherever the model's attention
+    allows it. ``head_store`` (cascade, no grad): one per pass, shared
+    by its micro-batches, so that a head every prompt of one began with is run once per pass
+    (:class:`HeadStore`). Falls back to the plain pass when
     :func:`prompt_index` finds no prompt to share."""
     b, full_t = mb["input_ids"].shape
     trimmed, left, _right = trim_columns(mb)
@@ -223,20 +311,28 @@ def forward_logprobs_shared_prefix(
     prompts = [
         row[m.bool()].tolist() for row, m in zip(ids[:, :start].cpu(), attn[:, :start].cpu())
     ]
-    tree = build_prefix_levels(prompts, min_saved_tokens)
-    state = prefill_levels(model, tree, want_logits=True)
-    assert state.last_logits is not None
-    leaf = tree.leaf.to(ids.device)
-    state.cache.batch_select_indices(leaf)
-    s_mask = attn[:, start:]
-    out_s = model(
-        input_ids=ids[:, start:],
-        attention_mask=torch.cat([state.mask[leaf], s_mask], 1),
-        position_ids=level_positions(s_mask, state.length[leaf]),
-        use_cache=True,
-        logits_to_keep=0,
-        **{cache_kwarg(model): state.cache},
-    )
+    if cascade is None:
+        cascade = cascade_supported(model)
+    store = head_store if cascade and not torch.is_grad_enabled() else None
+    c = store.reusable(prompts) if store is not None and store.tokens else 0
+    tree = build_prefix_levels([p[c:] for p in prompts], min_saved_tokens)
+    with cascade_mode(model) if cascade else contextlib.nullcontext():
+        seed = store.seed(c) if store is not None and c else None
+        state = prefill_levels(model, tree, want_logits=True, cascade=cascade, seed=seed)
+        if store is not None:
+            store.remember(state.cache, tree, prompts[0], c)
+        assert state.last_logits is not None
+        leaf = tree.leaf.to(ids.device)
+        select_rows(state.cache, leaf)
+        s_mask = attn[:, start:]
+        out_s = model(
+            input_ids=ids[:, start:],
+            attention_mask=torch.cat([state.mask[leaf], s_mask], 1),
+            position_ids=level_positions(s_mask, state.length[leaf]),
+            use_cache=True,
+            logits_to_keep=0,
+            **{cache_kwarg(model): state.cache},
+        )
     # column start's token is predicted by the prompt's last token, column j > start's by j-1
     logits = torch.cat([state.last_logits[leaf][:, None], out_s.logits[:, :-1]], dim=1)
     logp, ent = token_logprobs(logits, ids[:, start:], temperature, compute_entropy)

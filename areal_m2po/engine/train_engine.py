@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from areal_m2po.engine.dropout import disable_dropout
 from areal_m2po.engine.forward import forward_logprobs
 from areal_m2po.engine.optim import build_optimizer
 from areal_m2po.engine.precision import MixedPrecision, check_finite_weights, load_dtype
-from areal_m2po.engine.shared_prefix import forward_logprobs_shared_prefix
+from areal_m2po.engine.shared_prefix import HeadStore, forward_logprobs_shared_prefix
 from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows, split_microbatches
@@ -256,7 +257,8 @@ class HFTrainEngine:
             self.unwrapped, batch, temperature, spec.shared_prefix_max_tokens_per_mb, self.precision
         )
         if shared is not None:
-            idx_list, forward = shared, self._forward_shared_prefix
+            idx_list = shared  # a head of all a micro-batch's prompts: run once per pass
+            forward = functools.partial(self._forward_shared_prefix, head_store=HeadStore())
         else:
             idx_list = split_microbatches(batch, spec.n_mbs, spec.max_tokens_per_mb)
         first = select_rows(batch, idx_list[0]) if idx_list else None
@@ -278,10 +280,10 @@ class HFTrainEngine:
         return logp, ent
 
     def _forward_shared_prefix(
-        self, mb: Batch, temperature: float, compute_entropy: bool
+        self, mb: Batch, temperature: float, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.precision.autocast():
-            return forward_logprobs_shared_prefix(self.model, mb, temperature, compute_entropy)
+            return forward_logprobs_shared_prefix(self.model, mb, temperature, *args, **kwargs)
 
     def _low_precision(self) -> bool:
         """Whether the model computes below float32 (the forward checks' looser tolerance)."""

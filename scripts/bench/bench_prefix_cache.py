@@ -9,7 +9,9 @@ Run::
     python scripts/bench/bench_prefix_cache.py --model builtin:tiny --eval-prompts 8
 
 Arms (interleaved rounds; ``off`` is the code before prefix caching: identical prompts share,
-distinct ones do not):
+distinct ones do not, the cache copied per row; ``dyn`` the grouping by common prefix on the
+copied ``DynamicCache``; ``on`` the grouping with cascade attention and, in the no-grad pass,
+a head reused across micro-batches; ``--arms REGEX`` runs only the arms it finds):
 
 - ``eval``: the held-out evaluation, ``--eval-prompts`` distinct test prompts, one greedy batch
   of 16 new tokens (``HFGenerator.generate``, as the evaluator calls it).
@@ -20,9 +22,9 @@ distinct ones do not):
 - ``*_sys``: the same prompts (the no-grad pass: the same completions too) behind a
   ``--system-tokens`` shared system prompt.
 
-Ratios are medians of per-round ratios: ``X_on/off`` the grouping's speed-up, ``X_sys`` the
-cost of the system prompt with the grouping on (``X_sys_off``: without it), against the same
-batch without the system prompt. ``--threshold`` instead times the no-grad pass over prompts
+Ratios are medians of per-round ratios: ``X_on/off`` (and ``X_dyn/off``, ``X_on/dyn``) the
+speed-ups, ``X_sys_on`` the cost of the system prompt with the grouping and cascade
+(``X_sys_dyn``, ``X_sys_off``: the other arms), against the same batch without it. ``--threshold`` instead times the no-grad pass over prompts
 whose common head of L tokens is split out or not, for k prompts: where the ratio crosses 1,
 ``(k - 1) x L`` is the break-even ``MIN_SAVED_TOKENS``. The last lines are ``name=value``.
 """
@@ -30,6 +32,7 @@ whose common head of L tokens is split out or not, for k prompts: where the rati
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -101,18 +104,32 @@ def relayout(batch: dict[str, Any], new_prompts: list[list[int]], n: int, pad: i
     return out
 
 
-def score(model: Any, batch: dict[str, Any], min_saved: float, budget: int = 1024) -> Any:
+def score(
+    model: Any,
+    batch: dict[str, Any],
+    min_saved: float,
+    budget: int = 1024,
+    cascade: bool | None = None,
+) -> Any:
     """The engine's shared-prefix no-grad pass (``TrainEngine.forward_tokens``): prompt groups
-    cut within ``budget`` tokens, each micro-batch scored on its prefix tree."""
+    cut within ``budget`` tokens, each micro-batch scored on its prefix tree (``cascade``:
+    the levels' KV once and a head reused across micro-batches, or False: copied per row)."""
     import torch
 
-    from areal_m2po.engine.shared_prefix import forward_logprobs_shared_prefix, shared_prefix_split
+    from areal_m2po.engine.shared_prefix import (
+        HeadStore,
+        forward_logprobs_shared_prefix,
+        shared_prefix_split,
+    )
 
     logp = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    store = HeadStore()  # one per pass, as the engine's; unused without the cascade
     with torch.no_grad():
         for idx in shared_prefix_split(batch, budget) or [torch.arange(logp.shape[0])]:
             mb = {k: v.index_select(0, idx) for k, v in batch.items()}
-            logp[idx] = forward_logprobs_shared_prefix(model, mb, 1.0, False, min_saved)[0]
+            logp[idx] = forward_logprobs_shared_prefix(
+                model, mb, 1.0, False, min_saved, cascade, store
+            )[0]
     return logp
 
 
@@ -133,28 +150,33 @@ def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
     batch_sys = relayout(batch, train_sys, args.n_samples, gen.pad_id)
     results: dict[str, Any] = {}
 
-    def arm(name: str, kind: str, min_saved: float, sys_prompt: bool) -> None:
+    def arm(name: str, kind: str, min_saved: float, sys_prompt: bool, cascade: Any) -> None:
         def run() -> None:
-            gen.min_saved_tokens = min_saved
+            gen.min_saved_tokens, gen.cascade = min_saved, cascade
             if kind == "eval":
                 results[name] = gen.generate(eval_prompts, g, greedy=True)["input_ids"]
             elif kind == "gen":
                 results[name] = gen.generate(train_sys if sys_prompt else train, g, seed=1)
             else:
-                results[name] = score(model, batch_sys if sys_prompt else batch, min_saved)
+                results[name] = score(
+                    model, batch_sys if sys_prompt else batch, min_saved, cascade=cascade
+                )
 
         fns[name] = run
 
     fns: dict[str, Any] = {}
     for kind in ("eval", "gen", "nograd"):
-        for suffix, min_saved, sys_prompt in (
-            ("off", INF, False),
-            ("on", MIN_SAVED_TOKENS, False),
-            ("sys_off", INF, True),
-            ("sys_on", MIN_SAVED_TOKENS, True),
+        for suffix, min_saved, sys_prompt, cascade in (
+            ("off", INF, False, False),
+            ("dyn", MIN_SAVED_TOKENS, False, False),
+            ("on", MIN_SAVED_TOKENS, False, None),
+            ("sys_off", INF, True, False),
+            ("sys_dyn", MIN_SAVED_TOKENS, True, False),
+            ("sys_on", MIN_SAVED_TOKENS, True, None),
         ):
-            if kind != "eval" or not sys_prompt:
-                arm(f"{kind}_{suffix}", kind, min_saved, sys_prompt)
+            name = f"{kind}_{suffix}"
+            if (kind != "eval" or not sys_prompt) and re.search(args.arms, name):
+                arm(name, kind, min_saved, sys_prompt, cascade)
     shapes = {
         "eval prompts": len(eval_prompts),
         "prompt tokens": len(train[0]),
@@ -170,23 +192,30 @@ def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -
 
     for name, secs in times.items():
         print(f"{name:>14}: {statistics.median(secs):8.3f} s")
-    pairs = {
-        "eval_on/off": ("eval_on", "eval_off"),
-        "gen_on/off": ("gen_on", "gen_off"),
-        "nograd_on/off": ("nograd_on", "nograd_off"),
-        "gen_sys": ("gen_sys_on", "gen_on"),
-        "gen_sys_off": ("gen_sys_off", "gen_off"),
-        "nograd_sys": ("nograd_sys_on", "nograd_on"),
-        "nograd_sys_off": ("nograd_sys_off", "nograd_off"),
+    pairs = {}
+    for kind in ("eval", "gen", "nograd"):
+        pairs[f"{kind}_on/off"] = (f"{kind}_on", f"{kind}_off")
+        pairs[f"{kind}_dyn/off"] = (f"{kind}_dyn", f"{kind}_off")
+        pairs[f"{kind}_on/dyn"] = (f"{kind}_on", f"{kind}_dyn")
+        if kind != "eval":
+            for mode in ("on", "dyn", "off"):
+                pairs[f"{kind}_sys_{mode}"] = (f"{kind}_sys_{mode}", f"{kind}_{mode}")
+    figures = {
+        k: median_ratio(times[a], times[b])
+        for k, (a, b) in pairs.items()
+        if a in times and b in times
     }
-    figures = {k: median_ratio(times[a], times[b]) for k, (a, b) in pairs.items()}
     mask = batch["loss_mask"]
-    diff = float((results["nograd_on"] - results["nograd_off"])[mask].abs().max())
-    figures["nograd_max_abs_dlogp"] = diff
-    figures["eval_same_tokens"] = float(torch.equal(results["eval_on"], results["eval_off"]))
-    figures["gen_same_tokens"] = float(
-        torch.equal(results["gen_on"]["input_ids"], results["gen_off"]["input_ids"])
-    )
+    for kind in ("eval", "gen", "nograd"):
+        for mode in ("on", "dyn"):
+            a, b = results.get(f"{kind}_{mode}"), results.get(f"{kind}_off")
+            if a is None or b is None:
+                continue
+            if kind == "nograd":
+                figures[f"nograd_{mode}_max_abs_dlogp"] = float((a - b)[mask].abs().max())
+            else:
+                a, b = (x if kind == "eval" else x["input_ids"] for x in (a, b))
+                figures[f"{kind}_{mode}_same_tokens"] = float(torch.equal(a, b))
     return figures
 
 
@@ -230,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n-samples", type=int, default=8)
     ap.add_argument("--system-tokens", type=int, default=300)
+    ap.add_argument("--arms", default="", help="a regex: only the arms it finds")
     ap.add_argument("--threshold", action="store_true", help="time where a shared run pays")
     ap.add_argument("--heads", default="2,4,8,16,32")
     ap.add_argument("--ks", default="2,8,32")

@@ -13,11 +13,24 @@ SMALL = ["--model", "builtin:tiny", "--rounds", "1", "--eval-prompts", "4", "--p
 def test_bench_prefix_cache_tiny() -> None:
     bench = load_script("scripts/bench/bench_prefix_cache.py")
     figures = bench.main([*SMALL, "--n-samples", "2", "--system-tokens", "40"])
-    for name in ("eval_on/off", "gen_on/off", "nograd_on/off", "gen_sys", "nograd_sys"):
+    for kind in ("eval", "gen", "nograd"):
+        for name in (f"{kind}_on/off", f"{kind}_dyn/off", f"{kind}_on/dyn"):
+            assert math.isfinite(figures[name]) and figures[name] > 0, name
+    for name in ("gen_sys_on", "gen_sys_dyn", "nograd_sys_on", "nograd_sys_dyn"):
         assert math.isfinite(figures[name]) and figures[name] > 0, name
     # the arms computed the same things: same tokens, log-probs within rounding
-    assert figures["eval_same_tokens"] == 1.0 and figures["gen_same_tokens"] == 1.0
-    assert figures["nograd_max_abs_dlogp"] < 1e-4
+    for mode in ("on", "dyn"):
+        assert figures[f"eval_{mode}_same_tokens"] == 1.0, mode
+        assert figures[f"gen_{mode}_same_tokens"] == 1.0, mode
+        assert figures[f"nograd_{mode}_max_abs_dlogp"] < 1e-4, mode
+
+
+def test_bench_prefix_cache_some_arms() -> None:
+    """``--arms``: only the arms the regex finds run, and only their ratios are given."""
+    bench = load_script("scripts/bench/bench_prefix_cache.py")
+    figures = bench.main([*SMALL, "--n-samples", "2", "--system-tokens", "40", "--arms", "nograd"])
+    assert {"nograd_on/off", "nograd_sys_on", "nograd_on_max_abs_dlogp"} <= set(figures)
+    assert not any(k.startswith(("eval", "gen")) for k in figures)
 
 
 def test_bench_prefix_cache_threshold_tiny() -> None:

@@ -251,15 +251,17 @@ def test_hf_generator_greedy_with_a_long_system_prompt() -> None:
     assert torch.equal(got["input_ids"][:, p : p + c], want[:, p:])
 
 
-def test_gradients_through_several_levels_equal_the_plain_pass() -> None:
+@pytest.mark.parametrize("cascade", [True, False])
+def test_gradients_through_several_levels_equal_the_plain_pass(cascade: bool) -> None:
     """Training with shared prompts (``shared_prefix_train``): the gradient flows through every
-    level's cache to the shared tokens, as through the plain pass."""
+    level's cache (kept once, or copied per row) to the shared tokens, as through the plain
+    pass, finite also through a carried-down empty segment."""
     batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1])
     grads = []
     for shared in (False, True):
         model = _model()
         if shared:
-            logp, _ = forward_logprobs_shared_prefix(model, batch, 1.0, False, 0)
+            logp, _ = forward_logprobs_shared_prefix(model, batch, 1.0, False, 0, cascade)
         else:
             logp, _ = forward_logprobs(model, batch, 1.0, False)
         (logp * batch["loss_mask"]).sum().backward()

@@ -59,6 +59,9 @@ class HFGenerator:
         # where a run of tokens shared by several prompts is prefilled once (prefix_tree.py);
         # inf: identical prompts only (benchmarks compare the two)
         self.min_saved_tokens: float = MIN_SAVED_TOKENS
+        # shared levels kept once, attention per level (cascade_attention.py); None: where the
+        # model's attention allows it, False: a DynamicCache copied per row (benchmarks)
+        self.cascade: bool | None = None
         eos = tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -215,7 +218,7 @@ class HFGenerator:
         with self._eval_mode(), attached:
             # each run of prompt tokens encoded once, for every sample of every prompt with it
             seqs = generate_shared_prefill(
-                self.model, ids, attn, hf_cfg, n, self.min_saved_tokens, **extra
+                self.model, ids, attn, hf_cfg, n, self.min_saved_tokens, self.cascade, **extra
             )
         p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]

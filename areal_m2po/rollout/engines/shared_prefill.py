@@ -17,13 +17,15 @@ the plain call with the same seed up to float rounding (``tests/unit/test_packin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
 import torch
 
-from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS, build_prefix_levels
-from areal_m2po.engine.shared_prefix import cache_kwarg, prefill_levels
+from areal_m2po.engine.cascade_attention import cascade_mode, cascade_supported
+from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS, PrefixLevels, build_prefix_levels
+from areal_m2po.engine.shared_prefix import cache_kwarg, prefill_levels, select_rows
 
 __all__ = ["generate_shared_prefill"]
 
@@ -35,6 +37,7 @@ def generate_shared_prefill(
     generation_config: Any,
     n: int,
     min_saved_tokens: float = MIN_SAVED_TOKENS,
+    cascade: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """``model.generate`` with ``num_return_sequences=n``, every shared run of prompt tokens
@@ -50,6 +53,9 @@ def generate_shared_prefill(
         min_saved_tokens: where a run of tokens shared by several prompts is prefilled on its
             own (:func:`~areal_m2po.engine.prefix_tree.build_prefix_levels`; ``inf``: only
             identical prompts share, and a batch of distinct prompts is generated plainly).
+        cascade: keep each level's keys and values once and decode into a preallocated buffer
+            (:mod:`~areal_m2po.engine.cascade_attention`); None: where the model's attention
+            allows it; False: a ``DynamicCache`` with the rows' copies.
         kwargs: passed on to ``generate`` (e.g. ``tokenizer`` for stop strings).
     Returns:
         What ``generate`` returns over ``P * n`` rows, its sequences (int64 ``[P * n, L + C]``)
@@ -69,10 +75,28 @@ def generate_shared_prefill(
         return model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=cfg, **kwargs
         )
+    if cascade is None:
+        cascade = cascade_supported(model)
+    with cascade_mode(model) if cascade else contextlib.nullcontext():
+        return _generate_on_levels(model, tree, input_ids, cfg, n, cascade, **kwargs)
+
+
+def _generate_on_levels(
+    model: Any,
+    tree: PrefixLevels,
+    input_ids: torch.Tensor,
+    cfg: Any,
+    n: int,
+    cascade: bool,
+    **kwargs: Any,
+) -> Any:
+    """:func:`generate_shared_prefill` once the prompts' heads are in ``tree``."""
     with torch.no_grad():
-        state = prefill_levels(model, tree, want_logits=False)
+        state = prefill_levels(model, tree, want_logits=False, cascade=cascade)
     rows = tree.leaf.to(input_ids.device).repeat_interleave(n)
-    state.cache.batch_select_indices(rows)
+    select_rows(state.cache, rows)
+    if cascade:  # the last prompt token and every new one, written in place
+        state.cache.capacity = 1 + int(getattr(cfg, "max_new_tokens", None) or 0)
     last = input_ids[:, -1:].repeat_interleave(n, 0)
     # the prompts in the levels' layout (padding between segments), their last token after
     layout_ids = torch.cat([state.ids[rows].masked_fill(state.mask[rows] == 0, _pad(cfg)), last], 1)
