@@ -11,8 +11,8 @@ is already there, so a stopped demo is rerun with the same command and goes on):
    success (reward > 0.5) and the fraction of episodes whose replies held a parsed tool call.
 1. **SFT warm-up** (``--sft-steps``, 0 to skip). ``python -m areal_m2po.train_sft`` on
    generated transcripts from the training split (the agent's instructions, the question, the
-   tool call in the Hermes format): the format only; the answer after the tool's result is
-   left to RL.
+   tool call in the Hermes format, the tool's result, the number); kept short on purpose, so
+   the warm model is far from perfect.
 2. **RL.** ``python -m areal_m2po.train --config configs/agents_sdk_demo.yaml`` from the warm
    model (GRPO + M2PO, one step stale): every episode is a ``Runner.run`` of the SDK agent.
    The trainer's held-out evaluation runs the same greedy episodes at step 0, every
@@ -56,7 +56,8 @@ def _agent_module() -> Any:
 
 def tool_call_transcripts(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` SFT conversations from the training split: the agent's instructions (system),
-    the question (user) and the Hermes tool call of its product (assistant)."""
+    the question (user), the Hermes tool call of its product (assistant), the tool's result
+    (tool, as the endpoint renders the SDK's function-call output) and the answer."""
     from areal_m2po.dataset.multiplication import make_multiplication_split
 
     agent = _agent_module()
@@ -70,6 +71,8 @@ def tool_call_transcripts(n: int, seed: int) -> list[dict[str, Any]]:
                     {"role": "system", "content": agent.INSTRUCTIONS},
                     {"role": "user", "content": question},
                     {"role": "assistant", "content": agent.tool_call_text(f"{a}*{b}")},
+                    {"role": "tool", "content": record["answer"]},
+                    {"role": "assistant", "content": record["answer"]},
                 ]
             }
         )
@@ -261,8 +264,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sft-steps", type=int, default=3, help="SFT steps (0: RL from scratch)")
     p.add_argument("--sft-batch", type=int, default=8, help="transcripts per SFT step")
     p.add_argument("--sft-lr", type=float, default=2e-5)
-    p.add_argument("--rl-steps", type=int, default=8)
-    p.add_argument("--eval-every", type=int, default=4, help="held-out eval every N RL steps")
+    p.add_argument("--rl-steps", type=int, default=6)
+    p.add_argument("--eval-every", type=int, default=6, help="held-out eval every N RL steps")
     p.add_argument("--eval-problems", type=int, default=64, help="held-out problems")
     p.add_argument("--eval-batch", type=int, default=32, help="held-out episodes at once")
     p.add_argument("--max-new-tokens", type=int, default=40, help="per model call")

@@ -26,14 +26,14 @@ def agent_module(ex):
     return ex["_agent_module"]()
 
 
-def test_transcripts_call_calc_in_the_hermes_format(ex, agent_module):
+def test_transcripts_call_calc_in_the_hermes_format_and_answer_its_result(ex, agent_module):
     from areal_m2po.dataset.multiplication import make_multiplication_split
     from areal_m2po.rollout.openai.tool_parsers import tool_call_parser
 
     records = ex["tool_call_transcripts"](4, seed=3)
     problems = make_multiplication_split("train", n=4, seed=3)
     for record, problem in zip(records, problems, strict=True):
-        system, user, call = record["messages"]
+        system, user, call, result, answer = record["messages"]
         assert system == {"role": "system", "content": agent_module.INSTRUCTIONS}
         assert user["content"] == problem["question"].split("?")[0] + "?"  # no <calc> hint
         a, b = (int(x) for x in user["content"][len("What is ") : -1].split(" * "))
@@ -46,6 +46,8 @@ def test_transcripts_call_calc_in_the_hermes_format(ex, agent_module):
         assert content == "" and len(calls) == 1
         assert calls[0]["function"]["name"] == "calc"
         assert json.loads(calls[0]["function"]["arguments"]) == {"expression": f"{a}*{b}"}
+        assert result == {"role": "tool", "content": str(a * b)}
+        assert answer == {"role": "assistant", "content": str(a * b)}
 
 
 def test_question_of_refuses_another_task(agent_module):
