@@ -1,8 +1,8 @@
 """Supervised fine-tuning examples: load, check, tokenize with a loss mask, and collate.
 
 A record is either a conversation, ``{"messages": [{"role": ..., "content": ...}, ...]}``
-(roles ``system``, ``user``, ``assistant``; at least one assistant turn), whose assistant turns
-are learned; or a prompt and a completion, ``{"prompt": ..., "completion": ...}`` (TRL's
+(roles ``system``, ``user``, ``assistant``, ``tool`` (a tool's result, rendered as the chat
+template renders that role); at least one assistant turn), whose assistant turns are learned; or a prompt and a completion, ``{"prompt": ..., "completion": ...}`` (TRL's
 prompt-completion format), whose completion is learned. ``builtin:arithmetic`` gives the
 built-in task's questions with their correct answers as completions. Sources are those of
 prompt datasets (:func:`areal_m2po.dataset.loader.read_rows`).
@@ -41,7 +41,7 @@ __all__ = [
     "tokenize_sft_records",
 ]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 _BUILTIN = "builtin:arithmetic"
 
 

@@ -89,6 +89,7 @@ def test_two_call_agent_yields_one_exact_merged_trajectory() -> None:
         "agent/calls": 2.0,
         "agent/untrained_calls": 0.0,
         "agent/budget_ended_episodes": 0.0,
+        "agent/tool_episodes": 0.0,  # the tiny model's replies hold no tool call
     }
     traj = group.trajectories[0]
     (req1, out1), (req2, out2) = engine.calls
@@ -470,7 +471,12 @@ def test_agent_evaluation_runs_the_agent_with_greedy_calls() -> None:
         result = asyncio.run(workflow.aevaluate(engine, record))
     finally:
         workflow.close()
-    assert result == {"correct": 0.0, "reward_mean": 0.5, "calls_mean": 2.0}
+    assert result == {
+        "correct": 0.0,
+        "reward_mean": 0.5,
+        "calls_mean": 2.0,
+        "tool_use_fraction": 0.0,
+    }
     assert len(engine.calls) == 2  # one episode, not n_samples
     assert all(request.sampling.greedy for request, _ in engine.calls)
     assert all(lp == 0.0 for _, out in engine.calls for lp in out.output_logprobs)

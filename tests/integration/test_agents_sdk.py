@@ -81,6 +81,7 @@ def test_an_sdk_agent_with_a_function_tool_runs_and_its_episode_is_one_trajector
     assert group is not None and engine.texts == []  # the tool call, then the answer
     traj = group.trajectories[0]
     assert group.stats["agent/calls"] == 2 and group.stats["agent/untrained_calls"] == 0
+    assert group.stats["agent/tool_episodes"] == 1.0  # its first reply was parsed as a call
     # the tool's result went back to the model as a tool turn of the same token sequence
     text = tokenizer.decode(traj.input_ids)
     assert "<|im_start|>tool\n1665<|im_end|>" in text
@@ -95,6 +96,24 @@ def test_an_sdk_agent_with_a_function_tool_runs_and_its_episode_is_one_trajector
     else:  # a float: the last interaction's
         assert traj.info["interaction_rewards"] == pytest.approx([0.5 * final, final])
     assert traj.reward == pytest.approx(final)  # concat: the chain's last interaction
+
+
+@pytest.mark.parametrize(
+    ("texts", "used_tool"), [([CALL, "It is 1665."], 1.0), (["It is 1665."], 0.0)]
+)
+def test_the_evaluation_of_an_sdk_agent_counts_its_tool_use(
+    texts: list[str], used_tool: float
+) -> None:
+    tokenizer = tiny_model_and_tokenizer()[1]
+    workflow = _workflow(tokenizer, sdk_agents.SdkToolAgent)
+    engine = Scripted(tokenizer, texts)
+    try:
+        result = asyncio.run(workflow.aevaluate(engine, dict(RECORD)))
+    finally:
+        workflow.close()
+    assert engine.texts == [] and result is not None
+    assert result["tool_use_fraction"] == used_tool
+    assert result["calls_mean"] == float(len(texts))
 
 
 def test_areal_handoff_math_agent_runs_unchanged() -> None:

@@ -78,6 +78,25 @@ def test_chat_mask_covers_every_assistant_turn_and_nothing_else(tok):
     assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False)
 
 
+def test_a_tool_turn_is_context_rendered_as_the_template_renders_it(tok, tmp_path):
+    from areal_m2po.dataset.sft import load_sft_records, tokenize_sft_example
+
+    messages = [
+        {"role": "user", "content": "37*45?"},
+        {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+        {"role": "tool", "content": "1665"},
+        {"role": "assistant", "content": "1665"},
+    ]
+    path = _write_jsonl(tmp_path / "tool.jsonl", [{"messages": messages}])
+    (record,) = load_sft_records(str(path))  # a tool turn is a known role
+    assert record["messages"] == messages
+    ids, mask = tokenize_sft_example(record, tok)
+    assert tok.decode(ids) == tok.apply_chat_template(messages, tokenize=False)
+    assert "<|im_start|>tool\n1665<|im_end|>" in tok.decode(ids)  # as the agent endpoint
+    learned = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert learned == "<tool_call>{}</tool_call><|im_end|>\n1665<|im_end|>\n"
+
+
 def test_plain_text_without_template_appends_eos(tok):
     from areal_m2po.dataset.sft import tokenize_sft_example
 

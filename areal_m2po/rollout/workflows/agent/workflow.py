@@ -70,18 +70,23 @@ AgentFn = Callable[[str, str, dict[str, Any]], Awaitable[float]]
 _KEY = "rollout.workflow_kwargs"
 
 
+def _used_tool(session: AgentSession) -> bool:
+    """Whether a reply of ``session`` carried a parsed tool call."""
+    return any(call.reply.get("tool_calls") for call in session.calls)
+
+
 class AgentWorkflow(RolloutWorkflow):
     """Runs a user's agent function against the endpoint (see the module doc).
 
     The trainer's held-out evaluation runs the agent once per record with greedy calls
     (:meth:`aevaluate`): ``eval/accuracy`` (reward > 0.5), ``eval/reward_mean``,
-    ``eval/calls_mean``.
+    ``eval/calls_mean``, ``eval/tool_use_fraction`` (episodes with a parsed tool call).
 
     Raises:
         ValueError: one line naming the ``rollout.workflow_kwargs`` key that is wrong.
     """
 
-    eval_metrics = ("reward_mean", "calls_mean")
+    eval_metrics = ("reward_mean", "calls_mean", "tool_use_fraction")
 
     def __init__(
         self,
@@ -189,7 +194,8 @@ class AgentWorkflow(RolloutWorkflow):
         self, engine: InferenceEngine, record: dict[str, Any]
     ) -> dict[str, float] | None:
         """One agent episode of ``record`` with greedy calls: ``correct`` (the agent's reward
-        exceeds 0.5), ``reward_mean`` (its reward) and ``calls_mean`` (the calls it made)."""
+        exceeds 0.5), ``reward_mean`` (its reward), ``calls_mean`` (the calls it made) and
+        ``tool_use_fraction`` (1.0 when a reply of the episode carried a tool call)."""
         greedy = dataclasses.replace(self.context.sampling, temperature=0.0)
         session, result = await self._run_agent(engine, record, greedy)
         rewards = self._rewards(session, result)
@@ -198,6 +204,7 @@ class AgentWorkflow(RolloutWorkflow):
             "correct": float(reward > 0.5),
             "reward_mean": reward,
             "calls_mean": float(len(session.calls)),
+            "tool_use_fraction": float(_used_tool(session)),
         }
 
     async def arun_episode(
@@ -221,6 +228,7 @@ class AgentWorkflow(RolloutWorkflow):
             trajectory.info["interaction_rewards"] = rewards
         trajectory.info["untrained_calls"] = len(session.calls) - len(session.chain())
         trajectory.info["budget_ended"] = session.budget_refused
+        trajectory.info["used_tool"] = _used_tool(session)
         return trajectory
 
     async def afinish_group(
@@ -232,6 +240,7 @@ class AgentWorkflow(RolloutWorkflow):
             "agent/calls": float(sum(t.info["calls"] for t in trajectories)),
             "agent/untrained_calls": float(sum(t.info["untrained_calls"] for t in trajectories)),
             "agent/budget_ended_episodes": float(sum(t.info["budget_ended"] for t in trajectories)),
+            "agent/tool_episodes": float(sum(t.info["used_tool"] for t in trajectories)),
         }
         return TrajectoryGroup(trajectories, stats)
 
