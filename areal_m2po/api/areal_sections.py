@@ -114,6 +114,11 @@ MAPPED_MORE: dict[str, str] = {
     "workflow": "the agent class of AReaL's agent example script: rollout.workflow agent, "
     "rollout.workflow_kwargs.agent 'module:Class' (docs/agents.md)",
     "eval_workflow": "must equal workflow (evaluation runs the training workflow), then dropped",
+    "export_style": "of AReaL's multi-turn math example script: concat runs it as rollout.workflow "
+    "multi_turn, environment retry, turn_discount 1 (concat exports the last turn, whose reward "
+    "is its own); individual (a row per turn) is refused",
+    "agent_run_args.max_turns": "of the multi-turn math example: "
+    "rollout.workflow_kwargs.max_turns (the example's default 2)",
     "*._version": "v1 (AReaL's default controller) dropped; v2 (AReaL's inference and agent "
     "service) is refused",
 }
@@ -165,6 +170,7 @@ def map_sections(tree: dict[str, Any]) -> None:
     _map_service_keys(tree)
     _map_dynamic_bs(tree)
     _map_agent_workflow(tree)
+    _map_multi_turn_math(tree)
     actor = tree.get("actor")
     if isinstance(actor, dict) and actor.get("prox_logp_method") == "metrics":
         actor["prox_logp_method"] = "recompute"
@@ -190,6 +196,36 @@ def _map_agent_workflow(tree: dict[str, Any]) -> None:
     rollout["workflow_kwargs"] = {
         **(rollout.get("workflow_kwargs") or {}),
         "agent": f"{module}:{name}",
+    }
+
+
+def _map_multi_turn_math(tree: dict[str, Any]) -> None:
+    """AReaL's multi-turn math example (``examples/multi_turn_math``, its config class adds
+    ``export_style`` and ``agent_run_args``): the policy answers, a wrong answer is told to try
+    again, up to ``max_turns``; here the built-in ``multi_turn`` workflow with the ``retry``
+    environment. With ``concat`` AReaL trains the whole conversation on its last turn's own
+    reward (the discount reaches only earlier turns, which concat does not export), so the
+    discount is 1."""
+    style = tree.pop("export_style", _MISSING)
+    run_args = tree.pop("agent_run_args", _MISSING)
+    if style is _MISSING and run_args is _MISSING:
+        return
+    if style not in (_MISSING, "concat"):
+        raise ConfigError(
+            "export_style",
+            f"{style!r} is not supported for the multi-turn math example: a group here is one "
+            "row per episode; use concat",
+        )
+    run_args = {} if run_args in (_MISSING, None) else run_args
+    if not isinstance(run_args, dict) or set(run_args) - {"max_turns"}:
+        raise ConfigError("agent_run_args", f"only max_turns is known here, got {run_args!r}")
+    rollout = tree.setdefault("rollout", {})
+    rollout["workflow"] = "multi_turn"
+    rollout["workflow_kwargs"] = {
+        **(rollout.get("workflow_kwargs") or {}),
+        "environment": "retry",
+        "max_turns": run_args.get("max_turns", 2),
+        "turn_discount": 1.0,
     }
 
 

@@ -193,3 +193,16 @@ def test_prox_logp_method_metrics_is_the_recompute(tmp_path):
 def test_what_cannot_be_done_is_one_line_naming_the_feature(tmp_path, text, key, words):
     err = _refused(tmp_path, text)
     assert err.key == key and words in str(err)
+
+
+def test_the_multi_turn_math_example_runs_as_the_retry_workflow(tmp_path):
+    """examples/multi_turn_math: AReaL trains the concat leaf (the last turn) on its own reward,
+    so the discount is 1; max_turns comes from agent_run_args (the example's default 2)."""
+    cfg, _ = _load(tmp_path, "export_style: concat\nagent_run_args:\n  max_turns: 3\n")
+    assert cfg.rollout.workflow == "multi_turn"
+    kwargs = cfg.rollout.workflow_kwargs
+    assert kwargs == {"environment": "retry", "max_turns": 3, "turn_discount": 1.0}
+    cfg, _ = _load(tmp_path, "export_style: concat\n")
+    assert cfg.rollout.workflow_kwargs["max_turns"] == 2
+    assert _refused(tmp_path, "export_style: individual\n").key == "export_style"
+    assert _refused(tmp_path, "agent_run_args:\n  temperature: 1\n").key == "agent_run_args"
