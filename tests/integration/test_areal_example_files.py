@@ -97,11 +97,15 @@ TINY = [
 ]
 """The model, data and size overrides of the 2-step runs (AReaL's keys; docs/areal_parity.md)."""
 
+SIZE_EXTRAS = {"distill": "teacher.path=builtin:tiny", "dapo": "actor.overlong_tokens=4"}
+"""More model and size overrides, for the files whose name holds the key: the distillation
+teacher, and DAPO's overlong-penalty window (512 tokens) inside the 8 new tokens."""
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(n for n, o in TABLE.items() if o == "trains"))
 def test_the_files_marked_trains_train_two_steps_on_the_tiny_model(name, tmp_path):
-    extra = ["teacher.path=builtin:tiny"] if "distill" in name else []
+    extra = [value for part, value in SIZE_EXTRAS.items() if part in name]
     cmd = [sys.executable, "-m", "areal_m2po.train", "--config", str(AREAL / name), *TINY]
     proc = subprocess.run(
         [*cmd, *extra, f"output_dir={tmp_path / 'run'}"],

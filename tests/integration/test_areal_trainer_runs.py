@@ -81,6 +81,16 @@ def test_areal_gsm8k_sft_trains_two_steps(tmp_path):
     assert (tmp_path / "out" / "checkpoints" / "step_2" / "model.safetensors").is_file()
 
 
+def test_areals_own_sft_test_config_trains_two_steps(tmp_path):
+    """tests/sft/config_fsdp.yaml, AReaL's own SFT test config: 8 examples at 4 per step make
+    its one epoch (total_train_epochs: 1, before its total_train_steps: 16) 2 steps."""
+    train = _jsonl(tmp_path / "train.jsonl", _gsm8k_rows(8, 0))
+    valid = _jsonl(tmp_path / "test.jsonl", _gsm8k_rows(4, 1))
+    rows = _run("train_sft", "tests/sft/config_fsdp.yaml", tmp_path / "out", train, valid)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["sft/loss"]) for r in rows)
+
+
 def test_areal_hhrlhf_dpo_trains_two_steps(tmp_path):
     train = _jsonl(tmp_path / "train.jsonl", _hh_rows(8, 0))
     valid = _jsonl(tmp_path / "test.jsonl", _hh_rows(4, 1))

@@ -34,6 +34,21 @@ def test_the_budget_is_derived_from_the_longest_prompt_and_one_turn() -> None:
     assert vllm_max_model_len(load_config(["rollout.max_episode_tokens=500"])) == 500
 
 
+def test_a_derived_budget_is_capped_by_gconfig_max_tokens() -> None:
+    """No engine call may hold more than gconfig.max_tokens (prompt + generated), so neither
+    may an episode: without the cap a multi-turn episode grew past it and the engine refused
+    its next turn, which stopped the run."""
+    base = ["train_dataset.max_prompt_length=128", "valid_dataset.max_prompt_length=64"]
+    cfg = load_config([*base, "gconfig.max_new_tokens=8", "gconfig.max_tokens=132"])
+    assert cfg.episode_budget == 132
+    cfg = load_config([*base, "gconfig.max_new_tokens=8", "gconfig.max_tokens=1000"])
+    assert cfg.episode_budget == 136  # the cap is above the derived budget
+    explicit = ["rollout.max_episode_tokens=300", "gconfig.max_tokens=132"]
+    assert load_config([*base, *explicit]).episode_budget == 300  # as set
+    with pytest.raises(ConfigError, match=r"episode of 132 tokens \(gconfig.max_tokens\)"):
+        load_config([*base, "gconfig.max_tokens=132", "rollout.vllm.max_model_len=130"])
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "detail"),
     [

@@ -70,10 +70,13 @@ class PPOConfig(BaseExperimentConfig):
     @property
     def episode_budget(self) -> int:
         """``rollout.max_episode_tokens`` resolved (tokens): as set, else the longest prompt
-        either dataset keeps plus one turn of ``gconfig.max_new_tokens``."""
+        either dataset keeps plus one turn of ``gconfig.max_new_tokens``, at most
+        ``gconfig.max_tokens`` (no engine call may hold more)."""
         if self.rollout.max_episode_tokens is not None:
             return int(self.rollout.max_episode_tokens)
-        return self._longest_prompt()[1] + self.gconfig.max_new_tokens
+        derived = self._longest_prompt()[1] + self.gconfig.max_new_tokens
+        cap = self.gconfig.max_tokens
+        return derived if cap is None else min(derived, int(cap))
 
     def _longest_prompt(self) -> tuple[str, int]:
         """The dataset key that keeps the longest prompts, and that length."""
@@ -86,7 +89,11 @@ class PPOConfig(BaseExperimentConfig):
         """The keys the episode budget comes from, for a message."""
         if self.rollout.max_episode_tokens is not None:
             return "rollout.max_episode_tokens"
-        return f"{self._longest_prompt()[0]} + gconfig.max_new_tokens"
+        key, prompt = self._longest_prompt()
+        cap = self.gconfig.max_tokens
+        if cap is not None and cap < prompt + self.gconfig.max_new_tokens:
+            return "gconfig.max_tokens"
+        return f"{key} + gconfig.max_new_tokens"
 
     def check_model_positions(self, positions: Any, source: str) -> None:
         """The one rule for the policy's positions: ConfigError when the episode budget exceeds

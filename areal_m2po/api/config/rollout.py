@@ -198,7 +198,8 @@ class RolloutConfig:
         "is longer, and vLLM's max_model_len is derived from it. AReaL's gconfig.max_tokens "
         "(prompt + generated tokens of a request; an episode's last request holds all of it). "
         "null: the longest prompt the datasets keep plus one turn, max(train_dataset, "
-        "valid_dataset).max_prompt_length + gconfig.max_new_tokens (docs/rollout.md).",
+        "valid_dataset).max_prompt_length + gconfig.max_new_tokens, at most gconfig.max_tokens "
+        "(docs/rollout.md).",
     )
     episode_timeout_s: float | None = config_field(
         3600.0,
