@@ -96,6 +96,11 @@ RECIPES: dict[str, tuple[list[str], list[Callable[[Metrics], None]]]] = {
 }
 RW_RECIPES = ["rlhf/reward_model.yaml"]
 DPO_RECIPES = ["rlhf/dpo.yaml"]
+DEMO_RECIPES = {
+    "agents_sdk_demo.yaml": "tests/docs/test_agents_sdk_demo.py (slow) runs it through "
+    "examples/agents_sdk_demo.py --tiny, after the demo's SFT warm-up it starts from",
+}
+"""Configs a demo script drives (it supplies the model they start from): checked there."""
 
 
 def _shipped() -> set[str]:
@@ -104,7 +109,7 @@ def _shipped() -> set[str]:
 
 
 def test_every_shipped_trainer_config_is_checked():
-    assert _shipped() == set(RECIPES) | set(RW_RECIPES) | set(DPO_RECIPES)
+    assert _shipped() == set(RECIPES) | set(RW_RECIPES) | set(DPO_RECIPES) | set(DEMO_RECIPES)
 
 
 def _metrics(run_dir: Path) -> list[Metrics]:
