@@ -52,6 +52,7 @@ __all__ = [
     "areal_key_status",
     "leaf_items",
     "looks_like_areal",
+    "pop_leaf",
     "translate",
     "with_section_switches",
 ]
@@ -364,13 +365,18 @@ def _drop_ignored(tree: dict[str, Any]) -> list[str]:
             continue
         if key.rsplit(".", 1)[-1] in _ONLY_FALSE and value not in (False, None):
             raise ConfigError(key, f"{value!r} is not supported: {IGNORED['*.init_from_scratch']}")
-        _pop(tree, key)
+        pop_leaf(tree, key)
         dropped.append(key)
-        parent = key.rpartition(".")[0]
-        while parent and _get(tree, parent) == {}:
-            _pop(tree, parent)
-            parent = parent.rpartition(".")[0]
     return sorted(dropped)
+
+
+def pop_leaf(tree: dict[str, Any], key: str) -> None:
+    """Remove the dotted ``key`` from ``tree`` and every section that leaves empty."""
+    _pop(tree, key)
+    parent = key.rpartition(".")[0]
+    while parent and _get(tree, parent) == {}:
+        _pop(tree, parent)
+        parent = parent.rpartition(".")[0]
 
 
 def _check_equal(tree: dict[str, Any], key: str, target: str) -> None:

@@ -309,12 +309,8 @@ def _drop_ignored(tree: dict[str, Any], kind: str) -> list[str]:
             continue
         if key.endswith(".init_from_scratch") and value not in (False, None):
             raise ConfigError(key, f"{value!r} is not supported: {_FROM_SCRATCH}")
-        _pop(tree, key)
+        areal_config.pop_leaf(tree, key)
         dropped.append(key)
-        parent = key.rpartition(".")[0]
-        while parent and _get(tree, parent) == {}:
-            _pop(tree, parent)
-            parent = parent.rpartition(".")[0]
     return dropped
 
 
