@@ -180,6 +180,26 @@ class CascadeCache(_Cache):
             raise ValueError("CascadeCache.select: freeze the own columns first")
         self.levels = [_grouped(lv.mask, lv.row[rows]) for lv in self.levels]
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Go on with the rows ``rows`` (int64 ``[B']``, increasing) of the current ones, their
+        own columns included: rows that finished decoding stop costing compute. A level's nodes
+        left without a row are dropped from it (their keys and values with them)."""
+        for layer in self.own_layers:
+            if layer.own_k is not None and layer.own_v is not None:
+                layer.own_k = layer.own_k.index_select(0, rows)
+                layer.own_v = layer.own_v.index_select(0, rows)
+        levels = []
+        for depth, lv in enumerate(self.levels):
+            row, mask = lv.row[rows], lv.mask
+            used, row_of_used = torch.unique(row, return_inverse=True)
+            if used.numel() < mask.shape[0]:
+                for layer in self.own_layers:
+                    layer.keys[depth] = layer.keys[depth].index_select(0, used)
+                    layer.values[depth] = layer.values[depth].index_select(0, used)
+                mask, row = mask[used], row_of_used
+            levels.append(_grouped(mask, row))
+        self.levels = levels
+
 
 def _part(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float

@@ -1,4 +1,6 @@
-"""The rollout (behaviour-policy) engine: batched sampling with HF ``generate``.
+"""The rollout (behaviour-policy) engine: batched sampling on the prompts' prefix tree with
+an own decode loop (:mod:`.decode_loop`), or with HF ``generate`` for top-k, top-p, a minimum
+length, or attention the cascade does not reproduce.
 
 It holds its own copy of the policy weights, updated from the trainer with
 :meth:`HFGenerator.update_weights`, and a version number: the behaviour log-probs and the
@@ -21,6 +23,7 @@ import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
+from areal_m2po.rollout.engines.decode_loop import decode, decode_supported
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
@@ -62,6 +65,9 @@ class HFGenerator:
         # shared levels kept once, attention per level (cascade_attention.py); None: where the
         # model's attention allows it, False: a DynamicCache copied per row (benchmarks)
         self.cascade: bool | None = None
+        # generate with the own decode loop (decode_loop.py) where it applies; False: always
+        # HF generate (benchmarks compare the two)
+        self.decode_loop = True
         eos = tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -168,7 +174,8 @@ class HFGenerator:
                 do_sample=True,
                 temperature=g.temperature,
                 top_p=g.top_p,
-                top_k=g.top_k if g.top_k > 0 else None,
+                # 0, not None: transformers 5 reads None as "unset" and applies top_k=50
+                top_k=g.top_k,
             )
         if g.stop:
             kwargs["stop_strings"] = list(g.stop)
@@ -193,8 +200,8 @@ class HFGenerator:
 
         Returns a batch in the layout of :mod:`areal_m2po.utils.data`, with the behaviour
         log-probs ``log softmax(logits / temperature)`` over the full vocabulary of each
-        sampled token recorded during generation (no second forward pass, one step's logits
-        alive at a time: :mod:`.sampled_logprobs`; 0 when greedy) and every generated token
+        sampled token taken from the logits it was sampled from (no second forward pass, one
+        step's logits alive at a time; 0 when greedy) and every generated token
         stamped with this engine's version: the sampled distribution's log-probs only without
         ``top_p``/``top_k``/``min_new_tokens`` (refused wherever training reads them).
         """
@@ -203,22 +210,16 @@ class HFGenerator:
         n = 1 if greedy else gconfig.n_samples
         ids, attn = self._left_pad(prompts)
         eos_ids = self.eos_ids + [int(t) for t in stop_token_ids or [] if t not in self.eos_ids]
-        hf_cfg = self._hf_generation_config(gconfig, greedy, n, eos_ids)
-        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if gconfig.stop else {}
-        if stopping_criteria is not None:
-            extra["stopping_criteria"] = stopping_criteria
         if seed is not None:
             torch.manual_seed(seed)
-        recorder = None if greedy else SampledLogprobRecorder(gconfig.temperature)
-        if recorder is not None:
-            from transformers import LogitsProcessorList
-
-            extra["logits_processor"] = LogitsProcessorList([recorder])
-        attached = recorder.attached(self.model) if recorder else contextlib.nullcontext()
-        with self._eval_mode(), attached:
-            # each run of prompt tokens encoded once, for every sample of every prompt with it
-            seqs = generate_shared_prefill(
-                self.model, ids, attn, hf_cfg, n, self.min_saved_tokens, self.cascade, **extra
+        if self._decodes(prompts, gconfig, greedy):
+            with self._eval_mode():
+                seqs, logp = self._decode(
+                    prompts, ids, gconfig, greedy, n, eos_ids, stopping_criteria
+                )
+        else:
+            seqs, logp = self._hf_generate(
+                ids, attn, gconfig, greedy, n, eos_ids, stopping_criteria
             )
         p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]
@@ -234,10 +235,6 @@ class HFGenerator:
         elif gconfig.stop:
             _drop_fill_after_stop_string(self.tokenizer, gen, is_eos, gen_mask, gconfig.stop)
         no_eos = ~(is_eos & gen_mask).any(-1)
-        if recorder is None:
-            logp = torch.zeros(b, c, dtype=torch.float32, device=gen.device)
-        else:
-            logp = recorder.finish(gen)
         prompt_mask = attn.bool().repeat_interleave(n, 0)
         full_attn = torch.cat([prompt_mask, gen_mask], 1)
         loss_mask = torch.cat([torch.zeros_like(prompt_mask), gen_mask], 1)
@@ -255,6 +252,87 @@ class HFGenerator:
             "versions": versions.cpu(),
             "no_eos": no_eos.cpu(),
         }
+
+    def _decodes(self, prompts: list[list[int]], g: GenerationConfig, greedy: bool) -> bool:
+        """Whether :mod:`.decode_loop` generates this call (else HF ``generate``): the cascade
+        is on and fits the model and prompts, and no top-k, top-p or minimum length is set."""
+        plain = greedy or (g.top_p >= 1.0 and g.top_k == 0)
+        return (
+            self.decode_loop
+            and self.cascade is not False
+            and plain
+            and g.min_new_tokens == 0
+            and decode_supported(self.model, prompts)
+        )
+
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        ids: torch.Tensor,
+        g: GenerationConfig,
+        greedy: bool,
+        n: int,
+        eos_ids: list[int],
+        stopping_criteria: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`.decode_loop.decode`: the sequences ``[B*n, P + C]`` (``ids`` ``[B, P]``
+        repeated, then the generated columns) and the behaviour log-probs ``[B*n, C]``."""
+        from transformers import StoppingCriteriaList
+        from transformers.generation.stopping_criteria import StopStringCriteria
+
+        criteria = StoppingCriteriaList(list(stopping_criteria or []))
+        if g.stop:
+            criteria.append(StopStringCriteria(self.tokenizer, list(g.stop)))
+        prompt_rows = ids.repeat_interleave(n, 0)
+        stop = None
+        if criteria:
+
+            def stop(active: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+                return criteria(torch.cat([prompt_rows[active], generated], 1), None)
+
+        tokens, logp = decode(
+            self.model,
+            prompts,
+            n,
+            g.max_new_tokens,
+            None if greedy else g.temperature,
+            eos_ids,
+            self.pad_id,
+            self.min_saved_tokens,
+            stop,
+        )
+        return torch.cat([prompt_rows, tokens.to(ids.device)], 1), logp.to(ids.device)
+
+    def _hf_generate(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        g: GenerationConfig,
+        greedy: bool,
+        n: int,
+        eos_ids: list[int],
+        stopping_criteria: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF ``generate`` (each shared run of prompt tokens prefilled once): the sequences
+        ``[B*n, P + C]`` and the behaviour log-probs ``[B*n, C]`` recorded step by step."""
+        hf_cfg = self._hf_generation_config(g, greedy, n, eos_ids)
+        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if g.stop else {}
+        if stopping_criteria is not None:
+            extra["stopping_criteria"] = stopping_criteria
+        recorder = None if greedy else SampledLogprobRecorder(g.temperature)
+        if recorder is not None:
+            from transformers import LogitsProcessorList
+
+            extra["logits_processor"] = LogitsProcessorList([recorder])
+        attached = recorder.attached(self.model) if recorder else contextlib.nullcontext()
+        with self._eval_mode(), attached:
+            seqs = generate_shared_prefill(
+                self.model, ids, attn, hf_cfg, n, self.min_saved_tokens, self.cascade, **extra
+            )
+        gen = seqs[:, ids.shape[1] :]
+        if recorder is None:
+            return seqs, torch.zeros(gen.shape, dtype=torch.float32, device=gen.device)
+        return seqs, recorder.finish(gen)
 
     def finish_reasons(
         self,
