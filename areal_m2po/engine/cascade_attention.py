@@ -35,23 +35,32 @@ CASCADE = "areal_cascade"
 
 @dataclass
 class _Level:
-    """One frozen level: its node masks (bool ``[N, W]``), each row's node (int64 ``[B]``), and
-    the rows grouped by node: ``groups`` int64 ``[N, m]`` (padded with ``B``, a zero row) and
-    ``slot`` int64 ``[B]`` each row's place in ``groups.flatten()``; None when row i is node i."""
+    """One frozen level: its node masks (bool ``[N, W]``), each row's node (int64 ``[B]``), the
+    additive ``bias`` (float32 ``[N, 1, 1, W]``: 0 on real columns, the lowest finite value on
+    padding; None when every column is real), and how the rows are grouped by node:
+    ``per_node`` ``m`` when node ``j``'s rows are exactly ``j * m .. j * m + m - 1`` (row i is
+    node i when ``m`` is 1); otherwise 0, and ``groups`` int64 ``[N, m]`` (padded with ``B``,
+    a zero row) and ``slot`` int64 ``[B]`` each row's place in ``groups.flatten()``."""
 
     mask: torch.Tensor
     row: torch.Tensor
-    groups: torch.Tensor | None
-    slot: torch.Tensor | None
-    full: bool = False  # every column real
+    bias: torch.Tensor | None
+    per_node: int
+    groups: torch.Tensor | None = None
+    slot: torch.Tensor | None = None
 
 
 def _grouped(mask: torch.Tensor, row: torch.Tensor) -> _Level:
     """A :class:`_Level` with ``row``'s grouping precomputed (once per layout, not per layer)."""
     n, b = mask.shape[0], row.numel()
-    full = bool(mask.all())
-    if n == b and bool((row == torch.arange(b, device=row.device)).all()):
-        return _Level(mask, row, None, None, full)
+    bias = None
+    if not bool(mask.all()):
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        bias = bias.masked_fill(~mask, torch.finfo(torch.float32).min)[:, None, None, :]
+    if b % n == 0:
+        m = b // n
+        if bool((row == torch.arange(b, device=row.device) // m).all()):
+            return _Level(mask, row, bias, m)
     order = torch.argsort(row, stable=True)
     counts = torch.bincount(row, minlength=n)
     m = int(counts.max())
@@ -61,7 +70,7 @@ def _grouped(mask: torch.Tensor, row: torch.Tensor) -> _Level:
     groups[row[order], rank] = order
     slot = torch.empty(b, dtype=torch.long, device=row.device)
     slot[order] = row[order] * m + rank
-    return _Level(mask, row, groups, slot, full)
+    return _Level(mask, row, bias, 0, groups, slot)
 
 
 @dataclass
@@ -208,11 +217,16 @@ def _part(
     additive ``bias`` (0 where allowed, broadcast to ``[N, H, M, W]``; None: every column): the
     normalised output ``[N, H, M, D]`` and the log-sum-exp ``[N, H, M]``. Masked columns carry
     the dtype's lowest finite value, not -inf: a fully masked row (an empty segment) then gets
-    an lse of about that value, so its merge weight is 0 and every gradient finite."""
+    an lse of about that value, so its merge weight is 0 and every gradient finite. One pass
+    each for the maximum, the exponentials and their sum serves both results."""
     scores = torch.matmul(q * scale, k.transpose(-1, -2))
     if bias is not None:
         scores = scores + bias
-    return torch.matmul(torch.softmax(scores, -1), v), torch.logsumexp(scores, -1)
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = weights.sum(-1, keepdim=True)
+    out = torch.matmul(weights, v) / total
+    return out, (top + torch.log(total))[..., 0]
 
 
 def _level_part(
@@ -221,13 +235,18 @@ def _level_part(
     """One level's part for the rows' queries ``q`` ``[B, Hkv, G, D]`` (``G`` = group x
     queries): each node's keys once, against all its rows' queries together."""
     b, h, g, d = q.shape
-    bias = None
-    if not lv.full:  # no masked column: no bias to add
-        bias = torch.zeros(lv.mask.shape, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(~lv.mask, torch.finfo(q.dtype).min)[:, None, None, :]
-    if lv.groups is None:
+    bias = None if lv.bias is None else lv.bias.to(q.dtype)
+    n = lv.mask.shape[0]
+    if lv.per_node == 1:
         return _part(q, k, v, bias, scale)
-    n, m = lv.groups.shape
+    if lv.per_node:  # node j's rows are a contiguous block of m
+        m = lv.per_node
+        qx = q.view(n, m, h, g, d).transpose(1, 2).reshape(n, h, m * g, d)
+        out, lse = _part(qx, k, v, bias, scale)
+        out = out.view(n, h, m, g, d).transpose(1, 2).reshape(b, h, g, d)
+        return out, lse.view(n, h, m, g).transpose(1, 2).reshape(b, h, g)
+    assert lv.groups is not None and lv.slot is not None
+    m = lv.groups.shape[1]
     qx = torch.cat([q, q.new_zeros(1, h, g, d)])[lv.groups.flatten()]  # [N*m, H, G, D]
     qx = qx.view(n, m, h, g, d).transpose(1, 2).reshape(n, h, m * g, d)
     out, lse = _part(qx, k, v, bias, scale)
@@ -265,17 +284,20 @@ def cascade_attention(
     scale = float(scaling) if scaling is not None else d**-0.5
     q = query.to(work).reshape(b, h, g * s, d)
     t = layer.own_len
-    causal = (
-        torch.arange(t, device=q.device)[None, :] > torch.arange(t - s, t, device=q.device)[:, None]
-    )
-    bias = torch.zeros(s, t, dtype=work, device=q.device).masked_fill(causal, torch.finfo(work).min)
-    out, lse = _part(q, own_k, own_v, bias.repeat(g, 1) if s > 1 else None, scale)
+    bias = None
+    if s > 1:  # one query sees every own column: no causal mask
+        causal = (
+            torch.arange(t, device=q.device)[None, :]
+            > torch.arange(t - s, t, device=q.device)[:, None]
+        )
+        bias = torch.zeros(s, t, dtype=work, device=q.device)
+        bias = bias.masked_fill(causal, torch.finfo(work).min).repeat(g, 1)
+    out, lse = _part(q, own_k, own_v, bias, scale)
     for lv, k, v in zip(layer.cache.levels, layer.keys, layer.values):
         o2, l2 = _level_part(q, k.to(work), v.to(work), lv, scale)
-        top = torch.maximum(lse, l2)
-        w1, w2 = torch.exp(lse - top), torch.exp(l2 - top)
-        out = (out * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]
-        lse = top + torch.log(w1 + w2)
+        merged = torch.logaddexp(lse, l2)
+        out = out * torch.exp(lse - merged)[..., None] + o2 * torch.exp(l2 - merged)[..., None]
+        lse = merged
     out = out.reshape(b, hq, s, d).transpose(1, 2).contiguous()
     return out.to(query.dtype), None
 

@@ -10,8 +10,11 @@ Run::
 
 Arms (interleaved rounds; ``off`` is the code before prefix caching: identical prompts share,
 distinct ones do not, the cache copied per row; ``dyn`` the grouping by common prefix on the
-copied ``DynamicCache``; ``on`` the grouping with cascade attention and, in the no-grad pass,
-a head reused across micro-batches; ``--arms REGEX`` runs only the arms it finds):
+copied ``DynamicCache``; ``hf`` the grouping with cascade attention under HF ``generate``;
+``on`` the grouping with cascade attention, generation by the own decode loop (rows leave the
+batch as they end, one uniform draw per row: rollout/engines/decode_loop.py) and, in the
+no-grad pass, a head reused across micro-batches; ``--arms REGEX`` runs only the arms it
+finds):
 
 - ``eval``: the held-out evaluation, ``--eval-prompts`` distinct test prompts, one greedy batch
   of 16 new tokens (``HFGenerator.generate``, as the evaluator calls it).
@@ -150,9 +153,11 @@ def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
     batch_sys = relayout(batch, train_sys, args.n_samples, gen.pad_id)
     results: dict[str, Any] = {}
 
-    def arm(name: str, kind: str, min_saved: float, sys_prompt: bool, cascade: Any) -> None:
+    def arm(
+        name: str, kind: str, min_saved: float, sys_prompt: bool, cascade: Any, loop: bool
+    ) -> None:
         def run() -> None:
-            gen.min_saved_tokens, gen.cascade = min_saved, cascade
+            gen.min_saved_tokens, gen.cascade, gen.decode_loop = min_saved, cascade, loop
             if kind == "eval":
                 results[name] = gen.generate(eval_prompts, g, greedy=True)["input_ids"]
             elif kind == "gen":
@@ -166,17 +171,20 @@ def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
 
     fns: dict[str, Any] = {}
     for kind in ("eval", "gen", "nograd"):
-        for suffix, min_saved, sys_prompt, cascade in (
-            ("off", INF, False, False),
-            ("dyn", MIN_SAVED_TOKENS, False, False),
-            ("on", MIN_SAVED_TOKENS, False, None),
-            ("sys_off", INF, True, False),
-            ("sys_dyn", MIN_SAVED_TOKENS, True, False),
-            ("sys_on", MIN_SAVED_TOKENS, True, None),
+        for suffix, min_saved, sys_prompt, cascade, loop in (
+            ("off", INF, False, False, False),
+            ("dyn", MIN_SAVED_TOKENS, False, False, False),
+            ("hf", MIN_SAVED_TOKENS, False, None, False),
+            ("on", MIN_SAVED_TOKENS, False, None, True),
+            ("sys_off", INF, True, False, False),
+            ("sys_dyn", MIN_SAVED_TOKENS, True, False, False),
+            ("sys_hf", MIN_SAVED_TOKENS, True, None, False),
+            ("sys_on", MIN_SAVED_TOKENS, True, None, True),
         ):
             name = f"{kind}_{suffix}"
-            if (kind != "eval" or not sys_prompt) and re.search(args.arms, name):
-                arm(name, kind, min_saved, sys_prompt, cascade)
+            skip = (kind == "eval" and sys_prompt) or (kind == "nograd" and suffix.endswith("hf"))
+            if not skip and re.search(args.arms, name):
+                arm(name, kind, min_saved, sys_prompt, cascade, loop)
     shapes = {
         "eval prompts": len(eval_prompts),
         "prompt tokens": len(train[0]),
@@ -186,7 +194,9 @@ def main_arms(args: argparse.Namespace, model: Any, tok: Any) -> dict[str, Any]:
     return {"fns": fns, "results": results, "batch": batch, "shapes": shapes}
 
 
-def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -> dict[str, float]:
+def report(
+    model: Any, times: dict[str, list[float]], results: dict[str, Any], batch: Any
+) -> dict[str, float]:
     """Print the medians, the ratios and the arms' agreement; return the ratios."""
     import torch
 
@@ -197,8 +207,10 @@ def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -
         pairs[f"{kind}_on/off"] = (f"{kind}_on", f"{kind}_off")
         pairs[f"{kind}_dyn/off"] = (f"{kind}_dyn", f"{kind}_off")
         pairs[f"{kind}_on/dyn"] = (f"{kind}_on", f"{kind}_dyn")
+        pairs[f"{kind}_hf/off"] = (f"{kind}_hf", f"{kind}_off")
+        pairs[f"{kind}_on/hf"] = (f"{kind}_on", f"{kind}_hf")
         if kind != "eval":
-            for mode in ("on", "dyn", "off"):
+            for mode in ("on", "hf", "dyn", "off"):
                 pairs[f"{kind}_sys_{mode}"] = (f"{kind}_sys_{mode}", f"{kind}_{mode}")
     figures = {
         k: median_ratio(times[a], times[b])
@@ -207,11 +219,20 @@ def report(times: dict[str, list[float]], results: dict[str, Any], batch: Any) -
     }
     mask = batch["loss_mask"]
     for kind in ("eval", "gen", "nograd"):
-        for mode in ("on", "dyn"):
+        for mode in ("on", "hf", "dyn"):
             a, b = results.get(f"{kind}_{mode}"), results.get(f"{kind}_off")
-            if a is None or b is None:
+            if a is None:
                 continue
-            if kind == "nograd":
+            if kind == "gen" and mode == "on":
+                # another random stream than generate's: the log-probs against a forward pass
+                plain = score(model, a, INF, cascade=False)
+                m = a["loss_mask"]
+                figures["gen_on_max_abs_dlogp_vs_forward"] = float(
+                    (a["behave_logp"] - plain)[m].abs().max()
+                )
+            elif b is None:
+                continue
+            elif kind == "nograd":
                 figures[f"nograd_{mode}_max_abs_dlogp"] = float((a - b)[mask].abs().max())
             else:
                 a, b = (x if kind == "eval" else x["input_ids"] for x in (a, b))
@@ -284,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         built = main_arms(args, model, tok)
         print(", ".join(f"{k}: {v}" for k, v in built["shapes"].items()))
         times = interleaved(built["fns"], args.rounds, clock)
-        figures = report(times, built["results"], built["batch"])
+        figures = report(model, times, built["results"], built["batch"])
     print(f"threads {args.threads}, {clock.kind} seconds, {args.rounds} rounds")
     for key, value in figures.items():
         print(f"{key}={value:.4f}")

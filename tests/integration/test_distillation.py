@@ -167,17 +167,18 @@ def test_other_vocabulary_stops_the_run_before_any_model_loads(tmp_path, monkeyp
 
 # -------------------------------------------------------------------------------- training runs
 def _distill_cfg(tmp_path: Path, name: str, teacher: Path, **teacher_kw) -> PPOConfig:
-    """Six on-policy steps of the tiny student, plain SGD (Adam's per-weight steps of the same
-    size turn the noise of 128 sampled tokens into a random walk of every weight of a tiny
-    random model), no recover checkpoints."""
+    """Twelve on-policy steps of the tiny student, 4 prompts x 8 samples, plain SGD (Adam's
+    per-weight steps of the same size turn the noise of the sampled tokens into a random walk
+    of every weight of a tiny random model), no recover checkpoints."""
     return make_cfg(
         tmp_path,
         name,
-        steps=6,
+        steps=12,
         staleness=0,
         actor=ActorConfig(
-            path="builtin:tiny", m2_threshold=0.04, optimizer=OptimizerConfig(type="sgd", lr=0.5, beta1=0.0)
+            path="builtin:tiny", m2_threshold=0.04, optimizer=OptimizerConfig(type="sgd", lr=0.25, beta1=0.0)
         ),
+        gconfig=GenerationConfig(n_samples=8, max_new_tokens=8),
         recover=RecoverConfig(mode="disabled"),
         teacher=TeacherConfig(path=str(teacher), **teacher_kw),
     )  # fmt: skip
@@ -186,7 +187,12 @@ def _distill_cfg(tmp_path: Path, name: str, teacher: Path, **teacher_kw) -> PPOC
 def test_distillation_lowers_the_reverse_kl(tmp_path):
     """Pure distillation from a peaked teacher of another seed lowers the sampled reverse KL;
     the same run with the distillation advantage weighted down to nothing (the task reward
-    alone) does not."""
+    alone) lowers it less.
+
+    Calibrated with seeds 1, 2, 3 and 5 (the last third's mean against the first two steps:
+    0.17-0.29; against the control's last third: 0.27-0.48). Six steps of 4 x 4 samples at
+    lr 0.5 sufficed only while sampling had a hidden top-k of 50 (transformers 5's default for
+    ``top_k=None``); drawn from the whole softmax the estimate is noisier."""
     teacher = save_tiny_teacher(tmp_path / "teacher", seed=7, sharpness=8.0)
     distill = _distill_cfg(tmp_path, "distill", teacher, rl_loss_weight=0.0)
     assert _run(distill) == 0
@@ -195,8 +201,8 @@ def test_distillation_lowers_the_reverse_kl(tmp_path):
     assert _run(control) == 0
     kl_control = [r["distill/reverse_kl"] for r in read_metrics(control.output_dir)]
     assert kl[0] == pytest.approx(kl_control[0])  # the same first batch
-    assert sum(kl[-2:]) / 2 < 0.5 * sum(kl[:2]) / 2, kl
-    assert sum(kl[-2:]) < 0.5 * sum(kl_control[-2:]), (kl, kl_control)
+    assert sum(kl[-4:]) / 4 < 0.4 * sum(kl[:2]) / 2, kl
+    assert sum(kl[-4:]) < 0.6 * sum(kl_control[-4:]), (kl, kl_control)
 
 
 MULTI_TURN = dict(

@@ -249,7 +249,8 @@ def test_actor_truncated_rows_cluster_in_one_micro_batch(scope, agg):
 )
 def test_cli_run_with_truncated_rows(tmp_path, extra):
     """The issue's commands: the random tiny model rarely emits EOS within 8 tokens, so with
-    ``overlong_filtering`` whole micro-batches (and at seed 1 the first step) are empty."""
+    ``overlong_filtering`` whole micro-batches (and at seed 6 the first step; seed 1 before
+    the own sampler's random stream) are empty."""
     from pathlib import Path
 
     from areal_m2po.train import main
@@ -264,6 +265,7 @@ def test_cli_run_with_truncated_rows(tmp_path, extra):
         "actor.overlong_filtering=true",
         "evaluator.eval_at_end=false",
         "saver.save_at_end=false",
+        "seed=6",
         *extra,
     ]
     assert main(argv) == 0

@@ -200,12 +200,16 @@ def test_recipe_loss_terms_act(name: str, tmp_path: Path, request: pytest.Fixtur
     if name == "rlhf/ppo.yaml":
         rm = request.getfixturevalue("tiny_reward_model")
         extra = [*extra, f"reward.model.path={rm / 'checkpoints' / 'final'}"]
+    lr = 1e-2
     if name == "distill.yaml":
         from teachers import save_tiny_teacher
 
         extra = [*extra, f"teacher.path={save_tiny_teacher(tmp_path / 'teacher')}"]
+        # the centred reverse-KL advantage is small: at 1e-2 step 2's m2 exceeded 0.04 in 1
+        # of seeds 1-4 once sampling drew from the whole softmax (masked 0.25-0.41 at 3e-2)
+        lr = 3e-2
     run_dir = tmp_path / "run"
-    cfg = load_config(["--config", str(CONFIGS / name), *tiny_overrides(run_dir), *extra])
+    cfg = load_config(["--config", str(CONFIGS / name), *tiny_overrides(run_dir, lr=lr), *extra])
     assert cfg.rollout.staleness >= 1  # step 2 trains on a stale batch
     assert run(cfg) == 0
     rows = [m for m in _metrics(run_dir) if "actor/loss" in m]

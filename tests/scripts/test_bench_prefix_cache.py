@@ -16,12 +16,15 @@ def test_bench_prefix_cache_tiny() -> None:
     for kind in ("eval", "gen", "nograd"):
         for name in (f"{kind}_on/off", f"{kind}_dyn/off", f"{kind}_on/dyn"):
             assert math.isfinite(figures[name]) and figures[name] > 0, name
-    for name in ("gen_sys_on", "gen_sys_dyn", "nograd_sys_on", "nograd_sys_dyn"):
+    for name in ("eval_hf/off", "gen_on/hf", "gen_sys_on", "gen_sys_hf", "nograd_sys_on"):
         assert math.isfinite(figures[name]) and figures[name] > 0, name
     # the arms computed the same things: same tokens, log-probs within rounding
-    for mode in ("on", "dyn"):
+    for mode in ("on", "hf", "dyn"):
         assert figures[f"eval_{mode}_same_tokens"] == 1.0, mode
+    for mode in ("hf", "dyn"):  # HF generate, one random stream
         assert figures[f"gen_{mode}_same_tokens"] == 1.0, mode
+    assert figures["gen_on_max_abs_dlogp_vs_forward"] < 1e-4  # the own loop, its own stream
+    for mode in ("on", "dyn"):
         assert figures[f"nograd_{mode}_max_abs_dlogp"] < 1e-4, mode
 
 
