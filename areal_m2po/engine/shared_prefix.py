@@ -240,7 +240,7 @@ def prefill_levels(
             cols, which = torch.unique((seg_len - 1).clamp(min=0), return_inverse=True)
             keep: Any = cols
         else:
-            keep = 1
+            keep = torch.empty(0, dtype=torch.long, device=dev)  # no position: no LM head
         out = model(
             input_ids=ids,
             attention_mask=acc_mask,

@@ -59,7 +59,8 @@ class SampledLogprobRecorder:
             self._raw = None
 
     def _hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._raw = output.logits[:, -1]
+        if output.logits.shape[-2]:  # a prefill that kept no position has no logits
+            self._raw = output.logits[:, -1]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The logits-processor call (``scores`` pass through unchanged)."""
