@@ -130,6 +130,10 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         hf = HFInProcessEngine(
             parts.policy_model(), parts.tokenizer, parts.device, share=parts.share_policy
         )
+        if not torch.cuda.is_available():
+            # the trainer waits while this engine samples: heaps without page faults then
+            # cost no peak (run_setup applies cfg.host_mmap_threshold_mib where CUDA is not)
+            hf.generator.restore_mmap_threshold_mib = cfg.host_mmap_threshold_mib
         engine, eos_ids = hf, list(hf.eos_ids)
     context = WorkflowContext(
         tokenizer=parts.tokenizer,

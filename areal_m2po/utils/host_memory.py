@@ -12,12 +12,16 @@ peaked at 9.6 GB with the trim and 9.8 GB without.
 Inside a step, :func:`set_mmap_threshold` bounds what the heaps keep: blocks at least that large
 are mapped on their own and unmapped when freed, so the activations one micro-batch frees are
 not resident beside the next one's (``host_mmap_threshold_mib``; docs/performance.md).
+Sampling pays for that bound in page faults on every step's logits and activations, far from
+the run's peak: :func:`lifted_mmap_threshold` lifts it while a sync rollout samples.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
+from collections.abc import Iterator
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
 MAX_MMAP_THRESHOLD_MIB = 32
@@ -64,3 +68,21 @@ def release_free_host_memory() -> bool:
     """
     trim = _libc_function("malloc_trim")
     return False if trim is None else bool(trim(0))  # type: ignore[operator]
+
+
+@contextlib.contextmanager
+def lifted_mmap_threshold(restore_mib: int | None) -> Iterator[None]:
+    """Blocks under :data:`MAX_MMAP_THRESHOLD_MIB` come from the heaps inside the block (reused,
+    no page faults); after it the threshold is ``restore_mib`` again and the heaps' free pages
+    go back to the operating system. ``restore_mib`` None: nothing is changed (the process
+    runs under glibc's own threshold). Process-wide: only for code that allocates alone (a
+    sync rollout, while the trainer waits)."""
+    if restore_mib is None:
+        yield
+        return
+    set_mmap_threshold(MAX_MMAP_THRESHOLD_MIB)
+    try:
+        yield
+    finally:
+        set_mmap_threshold(restore_mib)
+        release_free_host_memory()

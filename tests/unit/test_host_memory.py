@@ -91,3 +91,59 @@ def test_mmap_threshold_out_of_range_is_refused(bad: object) -> None:
 def test_mmap_threshold_is_a_no_op_off_linux(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "platform", "darwin")
     assert set_mmap_threshold(1) is False
+
+
+_LIFTED = """
+import os, torch
+from areal_m2po.utils.host_memory import lifted_mmap_threshold, set_mmap_threshold
+
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+def freed_at_once():
+    big, small = [], []
+    for _ in range(64):
+        big.append(torch.ones(2 * 2**20 // 4))  # 2 MiB, written: resident
+        small.append(torch.ones(16))
+    before = rss()
+    del big
+    return (before - rss()) / 2**20, small
+
+assert set_mmap_threshold(1)
+with lifted_mmap_threshold(1):
+    inside, keep = freed_at_once()
+    held = rss()
+trimmed = (held - rss()) / 2**20
+print(inside, trimmed)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_lifted_threshold_keeps_blocks_in_the_heap_then_restores() -> None:
+    """Inside ``lifted_mmap_threshold(1)`` freed 2 MiB blocks stay in the heap (reused, no
+    page faults); leaving it gives their pages back (the restored threshold: the test below)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _LIFTED],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    inside, trimmed = (float(x) for x in out.stdout.split()[-2:])
+    assert inside < 32, f"{inside:.0f} MiB returned inside the block"
+    assert trimmed > 64, f"only {trimmed:.0f} MiB trimmed on leaving it"
+
+
+def test_a_lifted_threshold_of_none_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_m2po.utils import host_memory
+
+    calls: list[object] = []
+    monkeypatch.setattr(host_memory, "set_mmap_threshold", calls.append)
+    monkeypatch.setattr(host_memory, "release_free_host_memory", lambda: calls.append("trim"))
+    with host_memory.lifted_mmap_threshold(None):
+        pass
+    assert calls == []
+    with host_memory.lifted_mmap_threshold(4):
+        assert calls == [32]
+    assert calls == [32, 4, "trim"]

@@ -27,6 +27,7 @@ from areal_m2po.rollout.engines.decode_loop import decode, decode_supported
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 from areal_m2po.utils.data import Batch
+from areal_m2po.utils.host_memory import lifted_mmap_threshold
 
 logger = logging.getLogger("areal_m2po.rollout")
 
@@ -68,6 +69,10 @@ class HFGenerator:
         # generate with the own decode loop (decode_loop.py) where it applies; False: always
         # HF generate (benchmarks compare the two)
         self.decode_loop = True
+        # the host mmap threshold (MiB) this process runs under, lifted while sampling
+        # (utils/host_memory.lifted_mmap_threshold); None: left alone. Set only where nothing
+        # else allocates meanwhile (the sync rollout in the trainer's process).
+        self.restore_mmap_threshold_mib: int | None = None
         eos = tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -212,15 +217,16 @@ class HFGenerator:
         eos_ids = self.eos_ids + [int(t) for t in stop_token_ids or [] if t not in self.eos_ids]
         if seed is not None:
             torch.manual_seed(seed)
-        if self._decodes(prompts, gconfig, greedy):
-            with self._eval_mode():
-                seqs, logp = self._decode(
-                    prompts, ids, gconfig, greedy, n, eos_ids, stopping_criteria
+        with lifted_mmap_threshold(self.restore_mmap_threshold_mib):
+            if self._decodes(prompts, gconfig, greedy):
+                with self._eval_mode():
+                    seqs, logp = self._decode(
+                        prompts, ids, gconfig, greedy, n, eos_ids, stopping_criteria
+                    )
+            else:
+                seqs, logp = self._hf_generate(
+                    ids, attn, gconfig, greedy, n, eos_ids, stopping_criteria
                 )
-        else:
-            seqs, logp = self._hf_generate(
-                ids, attn, gconfig, greedy, n, eos_ids, stopping_criteria
-            )
         p = ids.shape[1]  # seqs: [B*n, P + C]
         gen = seqs[:, p:]
         b, c = gen.shape
