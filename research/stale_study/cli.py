@@ -87,7 +87,7 @@ def _resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     except (OSError, ValueError) as exc:
         p.error(str(exc))
     rnd = args.round_def
-    unknown = set(rnd.settings) - set(SETTING_FLAGS)
+    unknown = set(rnd.settings) - set(SETTING_FLAGS) - {"archive_dir"}
     if unknown:
         p.error(f"{rnd.path}: settings: unknown key(s) {sorted(unknown)}")
     for name, (typ, _) in SETTING_FLAGS.items():
@@ -124,6 +124,8 @@ def _resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.parallel < 1 or args.staleness < 0 or args.steps < 1:
         p.error("--parallel and --steps must be >= 1, --staleness >= 0")
     args.work_dir = os.path.expanduser(args.work_dir)
+    if args.archive_dir is None:
+        args.archive_dir = str(rnd.settings.get("archive_dir") or ARCHIVE_DIR)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -143,7 +145,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'accelerate launch --num_processes 4' (multi-GPU)",
     )
     p.add_argument("--devices-per-run", type=int, default=0, help="GPUs per concurrent run")
-    p.add_argument("--archive-dir", default=ARCHIVE_DIR, help="finished runs' files")
+    p.add_argument(
+        "--archive-dir",
+        default=None,
+        help=f"finished runs' files (default: the round's settings.archive_dir, else {ARCHIVE_DIR})",
+    )
     for name in OUTPUT_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), default=None, help=f"report.{name}")
     p.add_argument(
