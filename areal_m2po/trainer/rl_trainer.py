@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -473,7 +473,10 @@ class RLTrainer(RecoverableStepLoop):
         loaders = [("trainer", load_trainer), ("actor", load_engine(self.actor_engine, "actor"))]
         if self.critic is not None:
             loaders.append(("critic", load_engine(self.critic.engine, "critic")))
-        policy = self.actor_engine.state_dict_for_sync
+
+        def policy() -> Iterable[tuple[str, torch.Tensor]]:  # gathered once, as (name, tensor)
+            return self.actor_engine.state_dict_for_sync().items()
+
         load_rollout = functools.partial(self.rollout.load_engine_state, policy=policy)
         return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
 
