@@ -147,3 +147,25 @@ def test_the_training_split_says_its_plain_fallback_once(caplog):
     off = CheckedForwards(spec, False, torch.device("cpu"), lambda: False, True)
     assert off.train_split(None, batch, 1.0, _NoAutocast(), checkpointing=True) is None  # type: ignore[arg-type]
     assert not off.train_fallback_said  # nothing to fall back from
+
+
+def test_loss_context_has_one_source_of_the_loss_options():
+    """A context built alone resolves the plan of its config; one built with a plan keeps it;
+    the clipped-PPO options are the plan's."""
+    from areal_m2po.trainer.ppo.loss_fn import LossContext
+
+    cfg = ActorConfig(use_decoupled_loss=True, c_clip=3.0)
+    alone = LossContext(cfg, 16)
+    assert alone.plan == resolve_actor_plan(cfg, 16)
+    assert alone.ppo_spec is alone.plan.ppo_spec and alone.ppo_spec.c_clip == 3.0
+    given = _plan(use_sapo_loss=True)
+    ctx = LossContext(cfg, 16, 2, given)
+    assert ctx.plan is given and ctx.ppo_spec is None  # SAPO's plan: no clipped-PPO options
+
+
+def test_an_actor_keeps_the_plan_it_is_handed():
+    from areal_m2po.trainer.ppo.actor import PPOActor
+
+    plan = _plan(m2_threshold=0.04, exact_behave_logp=False)
+    actor = PPOActor(ActorConfig(m2_threshold=0.04), None, 2, 16, plan=plan)  # type: ignore[arg-type]
+    assert actor.plan is plan and not actor.exact_behave_logp

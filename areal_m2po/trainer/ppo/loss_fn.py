@@ -51,17 +51,26 @@ class LossContext:
         max_new_tokens: the generation budget in tokens (``seq-mean-token-sum-norm``'s
             normaliser).
         step_in_update: index of the PPO minibatch within this training step (0-based).
-        ppo_spec: the clipped-PPO options of ``config``, checked once
-            (:func:`ppo_loss_spec`); None: built from ``config`` when needed.
         plan: the actor's choices (:class:`~areal_m2po.trainer.ppo.plan.ActorPlan`: which
-            library loss, which behaviour correction); None: resolved from ``config``.
+            library loss, its clipped-PPO options, which behaviour correction), the one source
+            of the loss's options; None (a context built outside an actor): resolved from
+            ``config`` at construction, so it is never None afterwards.
     """
 
     config: ActorConfig
     max_new_tokens: int
     step_in_update: int = 0
-    ppo_spec: PPOLossSpec | None = None
     plan: ActorPlan | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan is None:
+            plan = resolve_actor_plan(self.config, self.max_new_tokens)
+            object.__setattr__(self, "plan", plan)
+
+    @property
+    def ppo_spec(self) -> PPOLossSpec | None:
+        """The clipped-PPO options (:attr:`ActorPlan.ppo_spec`; None with SAPO)."""
+        return None if self.plan is None else self.plan.ppo_spec
 
 
 class ActorLossFn(Protocol):
@@ -112,8 +121,8 @@ def library_actor_loss(
     with ``use_sapo_loss``, CISPO with ``use_cispo_loss``, else the clipped PPO loss
     (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked. CISPO takes
     the behaviour weight as the PPO loss does (:attr:`ActorPlan.correction`)."""
-    c = ctx.config
-    plan = ctx.plan if ctx.plan is not None else resolve_actor_plan(c, ctx.max_new_tokens)
+    c, plan = ctx.config, ctx.plan
+    assert plan is not None  # LossContext resolves it at construction
     prox = batch["prox_logp"]
     m2po_mask = batch.get("m2po_mask")
     if plan.loss == "sapo":
@@ -128,7 +137,8 @@ def library_actor_loss(
             loss_agg_mode=c.loss_agg_mode,
             max_tokens_norm=ctx.max_new_tokens,
         )
-    spec = ctx.ppo_spec or plan.ppo_spec or ppo_loss_spec(c, ctx.max_new_tokens)
+    spec = plan.ppo_spec
+    assert spec is not None  # every loss but SAPO has clipped-PPO options
     # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
     # log-probs makes the weight 1

@@ -4,9 +4,11 @@ scope and the behaviour correction (:class:`ActorPlan`, :func:`resolve_actor_pla
 The actor section spreads one choice over several keys (the loss over ``use_sapo_loss``,
 ``use_cispo_loss``, ``use_decoupled_loss`` and ``loss_fn``; the proximal source over
 ``recompute_logprob``, ``prox_logp_method``, ``ppo_n_minibatches``, the KL reward and whether a
-teacher reads the proximal log-probs; M2PO over ``m2_threshold`` and ``m2_scope``). The actor
-resolves them here at construction; its methods read the plan, and :meth:`ActorPlan.describe`
-is the start-up line that prints it. Pure: config values in, a frozen value out; no logging.
+teacher reads the proximal log-probs; M2PO over ``m2_threshold`` and ``m2_scope``). The trainer
+refuses contradictions before any model loads (:func:`check_actor_plan`), resolves the plan
+once when it builds the actor and hands it over (an actor built alone resolves its own); the
+actor's methods and the loss read the plan, and :meth:`ActorPlan.describe` is the start-up
+line that prints it. Pure: config values in, a frozen value out; no logging.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.api.cli_args import ActorConfig, ConfigError
 
-__all__ = ["ActorPlan", "ppo_loss_spec", "resolve_actor_plan"]
+__all__ = ["ActorPlan", "check_actor_plan", "ppo_loss_spec", "resolve_actor_plan"]
 
 LOSSES = ("ppo", "decoupled_ppo", "sapo", "cispo")
 PROX_SOURCES = ("recompute", "loglinear", "behave")
@@ -143,6 +145,26 @@ def _correction(c: ActorConfig) -> str:
     return "rejection_sampling" if c.rejection_sampling is not None else "behave_weight"
 
 
+def check_actor_plan(config: ActorConfig, *, custom_loss: str | None = None) -> None:
+    """Refuse an actor section whose keys contradict each other (run before any model loads;
+    :func:`resolve_actor_plan` runs it too).
+
+    Raises:
+        ConfigError: ``actor.rejection_sampling`` without ``use_decoupled_loss`` and without a
+            custom loss (the library's loss would drop it).
+    """
+    if (
+        config.rejection_sampling is not None
+        and not config.use_decoupled_loss
+        and custom_loss is None
+    ):
+        raise ConfigError(
+            "rejection_sampling",
+            "bounds the behaviour weight of the decoupled loss, which is off: set "
+            "actor.use_decoupled_loss=true or actor.rejection_sampling=null",
+        )
+
+
 def resolve_actor_plan(
     config: ActorConfig,
     max_new_tokens: int | None,
@@ -163,16 +185,10 @@ def resolve_actor_plan(
         prox_read_before_update: a teacher reads the proximal log-probs before the update.
 
     Raises:
-        ConfigError: ``actor.rejection_sampling`` without ``use_decoupled_loss`` (the loss
-            would drop it).
+        ConfigError: from :func:`check_actor_plan`.
     """
     c = config
-    if c.rejection_sampling is not None and not c.use_decoupled_loss and custom_loss is None:
-        raise ConfigError(
-            "rejection_sampling",
-            "bounds the behaviour weight of the decoupled loss, which is off: set "
-            "actor.use_decoupled_loss=true or actor.rejection_sampling=null",
-        )
+    check_actor_plan(c, custom_loss=custom_loss)
     if c.prox_logp_method == "loglinear":
         prox = "loglinear"
     else:
