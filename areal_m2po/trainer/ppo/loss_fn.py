@@ -21,9 +21,8 @@ from typing import Protocol
 
 import torch
 
-from areal_m2po.algo.cispo_loss import cispo_loss
-from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
-from areal_m2po.algo.sapo_loss import sapo_loss
+from areal_m2po.algo.policy_loss import PolicyLossInputs, policy_loss
+from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.api.cli_args import ActorConfig
 from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.ppo.plan import ActorPlan, ppo_loss_spec, resolve_actor_plan
@@ -117,39 +116,21 @@ def library_actor_loss(
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The library's loss (:class:`ActorLossFn`) the plan names (:attr:`ActorPlan.loss`): SAPO
-    with ``use_sapo_loss``, CISPO with ``use_cispo_loss``, else the clipped PPO loss
-    (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked. CISPO takes
-    the behaviour weight as the PPO loss does (:attr:`ActorPlan.correction`)."""
-    c, plan = ctx.config, ctx.plan
+    """The library's loss (:class:`ActorLossFn`): the policy-loss mode the plan names
+    (:attr:`ActorPlan.loss`, :func:`~areal_m2po.algo.policy_loss.policy_loss`) with the plan's
+    options, M2PO-masked. The clipped and CISPO modes take the behaviour weight the plan's
+    :attr:`ActorPlan.correction` says."""
+    plan = ctx.plan
     assert plan is not None  # LossContext resolves it at construction
     prox = batch["prox_logp"]
-    m2po_mask = batch.get("m2po_mask")
-    if plan.loss == "sapo":
-        return sapo_loss(
-            logp=logp,
-            prox_logp=prox,
-            advantages=batch["advantages"],
-            tau_pos=c.sapo_tau_pos,
-            tau_neg=c.sapo_tau_neg,
-            loss_mask=batch["loss_mask"],
-            m2po_mask=m2po_mask,
-            loss_agg_mode=c.loss_agg_mode,
-            max_tokens_norm=ctx.max_new_tokens,
-        )
-    spec = plan.ppo_spec
-    assert spec is not None  # every loss but SAPO has clipped-PPO options
     # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
-    # log-probs makes the weight 1
+    # log-probs makes the weight 1 (SAPO reads none)
     behave = batch["behave_logp"] if plan.correction != "none" else prox
-    if plan.loss == "cispo":
-        return cispo_loss(
-            logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
-        )
-    return ppo_actor_loss(
-        logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+    inputs = PolicyLossInputs(
+        logp, prox, behave, batch["advantages"], batch["loss_mask"], batch.get("m2po_mask")
     )
+    return policy_loss(plan.loss, inputs, plan.loss_options)
 
 
 def load_actor_loss_fn(spec: str | None) -> ActorLossFn:
