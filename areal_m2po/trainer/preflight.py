@@ -83,6 +83,7 @@ from areal_m2po.engine.builtin_models import (
     TINY_NAME,
     check_builtin_packages,
 )
+from areal_m2po.reward.head_check import check_score_head
 from areal_m2po.utils import recover
 from areal_m2po.utils.config_changes import changed_training_keys, config_record, describe
 from areal_m2po.utils.extras import EXTRAS, require_extra
@@ -255,6 +256,8 @@ def check_paths(config: Any) -> None:
             _check_model_path(key, value, needs_model=kind != "tokenizer")
             if kind == "trained":
                 _check_not_an_adapter(key, value)
+            elif key == "reward.model.path":
+                check_score_head(key, value)
 
 
 def _check_not_an_adapter(key: str, path: str) -> None:

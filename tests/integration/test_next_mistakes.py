@@ -1,0 +1,102 @@
+"""A new user's next mistakes (issue 57), through the real entry points: the exit status and
+the one printed line, or what the docs promise.
+
+* a ``reward.model.path`` that is not a trained reward model (a policy's checkpoint, an SFT
+  LoRA adapter) is refused before any model loads, naming the key; a saved reward model passes;
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from procs import REPO, subprocess_env
+
+TINY_RL = str(REPO / "configs" / "tiny.yaml")
+TIMEOUT_S = 300
+
+
+def _run(module: str, *args: str, cwd: Path = REPO, env: dict | None = None):
+    """``python -m areal_m2po.<module> *args`` in ``cwd``; stdout and stderr captured apart."""
+    return subprocess.run(
+        [sys.executable, "-m", f"areal_m2po.{module}", *args],
+        cwd=cwd,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def _only_line(proc: subprocess.CompletedProcess, status: int = 2) -> str:
+    """A run stopped at start-up: ``status`` and stderr that is that one ``error:`` line."""
+    assert proc.returncode == status, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def _rl(out: Path, *extra: str) -> list[str]:
+    """A tiny RL run (configs/tiny.yaml, the toy reward) into ``out``."""
+    return [
+        "--config",
+        TINY_RL,
+        f"output_dir={out}",
+        "num_threads=1",
+        "reward.path=toy_rewards:digit_fraction",
+        *extra,
+    ]
+
+
+# ------------------------------------------------------------------------ reward.model.path
+def _tiny_lm():
+    from transformers import AutoModelForCausalLM
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:tiny"))
+
+
+def _policy_checkpoint(folder: Path) -> Path:
+    _tiny_lm().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _sft_adapter(folder: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(
+        _tiny_lm(), LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    )
+    peft.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("make", [_policy_checkpoint, _sft_adapter])
+def test_a_reward_model_path_without_a_trained_head_is_refused(tmp_path, make):
+    """It trained PPO against a randomly initialised score head and exited 0."""
+    model = make(tmp_path / "not_a_reward_model")
+    out = tmp_path / "run"
+    line = _only_line(_run("train", *_rl(out, f"reward.model.path={model}")))
+    assert line.startswith(f"error: reward.model.path: {model} is not a reward model: "), line
+    assert "train_rm" in line
+    assert not out.exists()
+
+
+def test_a_saved_reward_model_passes_the_head_check(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from areal_m2po.engine.builtin_models import resolve_model_path
+    from areal_m2po.reward.head_check import check_score_head
+
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_pretrained(
+        resolve_model_path("builtin:tiny"), num_labels=1
+    )
+    rm.save_pretrained(tmp_path / "rm", safe_serialization=True)
+    check_score_head("reward.model.path", str(tmp_path / "rm"))  # no error
+    rm.save_pretrained(tmp_path / "rm_bin", safe_serialization=False)
+    check_score_head("reward.model.path", str(tmp_path / "rm_bin"))
