@@ -95,6 +95,7 @@ __all__ = [
     "check_engine_launch",
     "check_extras",
     "check_launch",
+    "check_model_path",
     "check_output_dir",
     "check_output_path",
     "check_paths",
@@ -253,7 +254,7 @@ def check_paths(config: Any) -> None:
             if shutil.which(value) is None:
                 raise ConfigError(key, f"{value} is not an executable file (nor on PATH)")
         else:
-            _check_model_path(key, value, needs_model=kind != "tokenizer")
+            check_model_path(key, value, needs_model=kind != "tokenizer")
             if kind == "trained":
                 _check_not_an_adapter(key, value)
             elif key == "reward.model.path":
@@ -295,7 +296,8 @@ def _first_part_is_a_folder(path: str) -> bool:
     return bool(sep and first) and os.path.isdir(first)
 
 
-def _check_model_path(key: str, path: str, needs_model: bool) -> None:
+def check_model_path(key: str, path: str, needs_model: bool) -> None:
+    """Raise :class:`ConfigError` naming ``key`` for a model ``path`` that cannot be had."""
     if path.startswith(BUILTIN_PREFIX):
         if path[len(BUILTIN_PREFIX) :] not in _BUILTIN_MODELS:
             known = ", ".join(BUILTIN_PREFIX + n for n in _BUILTIN_MODELS)

@@ -100,3 +100,15 @@ def test_a_saved_reward_model_passes_the_head_check(tmp_path):
     check_score_head("reward.model.path", str(tmp_path / "rm"))  # no error
     rm.save_pretrained(tmp_path / "rm_bin", safe_serialization=False)
     check_score_head("reward.model.path", str(tmp_path / "rm_bin"))
+
+
+# ---------------------------------------------------------------------------------- scripts
+def test_eval_multi_turn_with_a_missing_model_is_one_line(tmp_path):
+    """It was transformers' 69-line traceback."""
+    script = REPO / "scripts" / "eval_multi_turn.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--model", str(tmp_path / "nope")],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    line = _only_line(proc)
+    assert line.startswith(f"error: --model: {tmp_path / 'nope'} does not exist"), line
