@@ -102,6 +102,35 @@ def test_a_saved_reward_model_passes_the_head_check(tmp_path):
     check_score_head("reward.model.path", str(tmp_path / "rm_bin"))
 
 
+# -------------------------------------------------------------------- overwrite_output_dir
+def _sft(out: Path, *extra: str) -> list[str]:
+    """A two-step SFT run of the tiny model into ``out``, no evaluation."""
+    return [
+        "model.path=builtin:tiny",
+        f"output_dir={out}",
+        "total_train_steps=2",
+        "num_threads=1",
+        "train_dataset.batch_size=4",
+        "valid_dataset=null",
+        "stats_logger.progress_bar=false",
+        *extra,
+    ]
+
+
+def test_overwrite_output_dir_deletes_the_replaced_runs_saved_models(tmp_path):
+    """The replaced run's ``checkpoints/step_*`` (and ``final``) stayed beside the new run's
+    metrics, passing for its models; other files there are the user's and stay."""
+    out = tmp_path / "sft"
+    first = _run("train_sft", *_sft(out, "saver.freq_steps=1", "saver.save_at_end=true"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final", "step_1", "step_2"]
+    (out / "checkpoints" / "notes.txt").write_text("mine")
+    args = _sft(out, "total_train_steps=1", "saver.save_at_end=false", "overwrite_output_dir=true")
+    again = _run("train_sft", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["notes.txt"]
+
+
 # ---------------------------------------------------------------------------------- scripts
 def test_eval_multi_turn_with_a_missing_model_is_one_line(tmp_path):
     """It was transformers' 69-line traceback."""
