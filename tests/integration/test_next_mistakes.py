@@ -141,3 +141,32 @@ def test_eval_multi_turn_with_a_missing_model_is_one_line(tmp_path):
     )  # fmt: skip
     line = _only_line(proc)
     assert line.startswith(f"error: --model: {tmp_path / 'nope'} does not exist"), line
+
+
+def _bash(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``bash <repo>/<script> *args`` without any SLURM_* variable, ``env`` added."""
+    clean = {k: v for k, v in subprocess_env().items() if not k.startswith("SLURM_")}
+    return subprocess.run(
+        ["bash", str(REPO / script), *args], cwd=REPO, env={**clean, **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_gpu_check_help_prints_its_usage():
+    """``--help`` was taken for the output folder (and the checks ran)."""
+    proc = _bash("scripts/gpu_check.sh", "--help", PYTHON="false", SKIP_BENCH="1", SKIP_TRAIN="1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("GPU check, for whenever one GPU is available")
+    assert "scripts/gpu_check.sh [OUT_DIR]" in proc.stdout and "== environment" not in proc.stdout
+    assert not (REPO / "--help").exists()
+    wrong = _bash("scripts/gpu_check.sh", "--out", "x", PYTHON="false")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("gpu_check.sh: unknown option --out")
+
+
+def test_the_slurm_script_outside_slurm_is_one_line():
+    """It stopped on ``SLURM_JOB_ID: unbound variable``."""
+    proc = _bash("examples/slurm/train.sbatch", "--config", "configs/tiny.yaml")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("train.sbatch: needs a Slurm job (SLURM_JOB_ID is not set): "), line
+    assert "sbatch -N <nodes>" in line
