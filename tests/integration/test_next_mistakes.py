@@ -3,6 +3,11 @@ the one printed line, or what the docs promise.
 
 * a ``reward.model.path`` that is not a trained reward model (a policy's checkpoint, an SFT
   LoRA adapter) is refused before any model loads, naming the key; a saved reward model passes;
+* ``overwrite_output_dir=true`` deletes the replaced run's saved models;
+* ``scripts/eval_multi_turn.py``, ``scripts/gpu_check.sh`` and ``examples/slurm/train.sbatch``
+  misused: one line (or the usage);
+* ``rollout.agent.mode=subproc`` with a default ``openai.AsyncOpenAI()`` prints no "Event loop
+  is closed" traceback.
 """
 
 from __future__ import annotations
@@ -170,3 +175,45 @@ def test_the_slurm_script_outside_slurm_is_one_line():
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("train.sbatch: needs a Slurm job (SLURM_JOB_ID is not set): "), line
     assert "sbatch -N <nodes>" in line
+
+
+# --------------------------------------------------------------------- rollout.agent subproc
+def test_subproc_agents_with_the_default_client_print_no_event_loop_traceback(capfd):
+    """One 22-line "Event loop is closed" traceback per episode: an unclosed client collected
+    in a later episode's loop closed its connections on the earlier, closed one."""
+    import asyncio
+
+    from agentic_helpers import tiny_model_and_tokenizer
+    from scripted_engine import ScriptOnlyEngine
+
+    from areal_m2po.api.cli_args import GenerationConfig
+    from areal_m2po.api.config.agent import AgentConfig
+    from areal_m2po.api.engine_api import ModelResponse, SamplingParams
+    from areal_m2po.api.workflow_api import WorkflowContext
+    from areal_m2po.rollout.executor import arun_group
+    from areal_m2po.rollout.workflows.agent.workflow import AgentWorkflow
+
+    tokenizer = tiny_model_and_tokenizer()[1]
+
+    class Answers(ScriptOnlyEngine):
+        version = 0
+
+        async def agenerate(self, request):  # type: ignore[no-untyped-def]
+            ids = tokenizer("It is 1665.<|im_end|>", add_special_tokens=False)["input_ids"]
+            n = len(ids)
+            return ModelResponse(list(request.input_ids), ids, [-0.1] * n, [0] * n, "stop")
+
+    g = GenerationConfig(n_samples=1, max_new_tokens=50)
+    context = WorkflowContext(
+        tokenizer, g, SamplingParams.from_gconfig(g), [tokenizer.eos_token_id], None,
+        agent_config=AgentConfig(mode="subproc", subproc_max_workers=1),
+    )  # fmt: skip
+    workflow = AgentWorkflow(context, agent="toy_agents:DefaultClientAgent")
+    record = {"question": "What is 37*45?", "answer": "1665"}
+    try:
+        for _ in range(3):  # one worker: episodes 2 and 3 collect the clients before them
+            assert asyncio.run(arun_group(workflow, Answers(), record, 1, "agent")) is not None
+    finally:
+        workflow.close()
+    err = capfd.readouterr().err
+    assert "Event loop is closed" not in err and "Traceback" not in err, err[-3000:]
