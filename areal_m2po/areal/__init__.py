@@ -24,3 +24,17 @@ servers are this package's own). The maths lives in
 :mod:`areal_m2po.algo` (pure torch); these modules only give it AReaL's names. Importing a
 module here loads nothing heavy beyond what its names need.
 """
+
+
+def __getattr__(name: str) -> object:
+    """AReaL's top-level names, loaded on first use: ``PPOTrainer`` (:mod:`.trainer`) and
+    ``workflow_context`` (:mod:`.infra.workflow_context`)."""
+    if name == "PPOTrainer":
+        from areal_m2po.areal.trainer.rl_trainer import PPOTrainer
+
+        return PPOTrainer
+    if name == "workflow_context":
+        from areal_m2po.areal.infra import workflow_context
+
+        return workflow_context
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

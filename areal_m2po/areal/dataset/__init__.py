@@ -1,0 +1,116 @@
+"""AReaL's ``get_custom_dataset`` (``areal.dataset`` at areal-project/AReaL cbff54d6) for the
+data sets this trainer runs AReaL's scripts on, read from local copies.
+
+``dataset_config.path`` names the data set as AReaL dispatches on it (``gsm8k`` in the path)
+and where it is: a local folder laid out as the Hub repository has it (what downloading
+``openai/gsm8k`` gives: ``main/train-00000-of-00001.parquet``, ``main/test-...``), a folder
+written by ``save_to_disk``, or one ``.jsonl``/``.json``/``.parquet`` file of the Hub's rows.
+A Hub id is fetched only online; offline (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``) it is
+refused in one line. The rows become AReaL's: for ``type: rl`` gsm8k, ``messages`` (the
+question and AReaL's instruction to box the answer) and ``answer``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+from areal_m2po.dataset.loader import read_rows
+
+__all__ = ["get_custom_dataset", "read_hub_layout"]
+
+_BOX = "\nPlease put your final answer within \\boxed{}."
+_FILES = (".jsonl", ".json", ".parquet")
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def read_hub_layout(path: str, split: str, config_name: str = "main") -> list[dict[str, Any]]:
+    """The rows of ``split`` at ``path`` (see the module doc for the layouts).
+
+    Raises:
+        ValueError: one line: nothing of ``split`` at a local ``path``, or a Hub id offline.
+    """
+    path = os.path.expanduser(path)
+    if os.path.isfile(path):
+        return [row for _, row in read_rows(path, split)]
+    if os.path.isdir(path):
+        for sub in (config_name, "data", ""):
+            base = os.path.join(path, sub) if sub else path
+            files = sorted(glob.glob(os.path.join(base, f"{split}-*.parquet")))
+            files += [os.path.join(base, split + s) for s in _FILES]
+            found = [f for f in files if os.path.isfile(f)]
+            if found:
+                return [row for f in found for _, row in read_rows(f, split)]
+        return [row for _, row in read_rows(path, split)]
+    if path.startswith(("/", "./", "../")):
+        raise ValueError(f"dataset path {path!r} does not exist")
+    if _offline():
+        raise ValueError(
+            f"dataset {path!r} is a Hub id and this machine is offline (HF_HUB_OFFLINE); pass "
+            f"a local copy: a folder laid out as the Hub repository ({config_name}/{split}-*.parquet)"
+            " or a .jsonl file"
+        )
+    return [row for _, row in read_rows(path, split, config_name)]
+
+
+def _gsm8k_rl(
+    rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None
+) -> list[dict[str, Any]]:
+    out = []
+    for i, row in enumerate(rows):
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f"gsm8k row {i}: needs 'question' and 'answer', has {sorted(row)}")
+        content = str(row["question"]) + _BOX
+        too_long = tokenizer is not None and max_length is not None
+        if too_long and len(tokenizer.encode(content)) > max_length:
+            continue
+        rest = {k: v for k, v in row.items() if k != "question"}
+        out.append({**rest, "messages": [{"role": "user", "content": content}]})
+    return out
+
+
+def get_custom_dataset(
+    split: str | None = None,
+    dataset_config: Any = None,
+    tokenizer: Any = None,
+    processor: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """A :class:`datasets.Dataset` of AReaL's rows of ``dataset_config.path``'s ``split``.
+
+    ``type`` is ``dataset_config.type`` or the ``type`` keyword (``rl`` when neither says);
+    ``max_length`` (or ``dataset_config.max_prompt_length``) drops longer prompts.
+
+    Raises:
+        ValueError: one line: no ``dataset_config``/``path``, a data set or type not supported
+            here (a VLM data set is out of scope), or the reading errors above.
+    """
+    import datasets
+
+    path = kwargs.pop("path", None) or getattr(dataset_config, "path", None)
+    if not path:
+        raise ValueError("get_custom_dataset: dataset_config.path (or path=) is required")
+    kind = kwargs.pop("type", None) or getattr(dataset_config, "type", None) or "rl"
+    max_length = kwargs.pop("max_length", None)
+    if max_length is None:
+        max_length = getattr(dataset_config, "max_length", None)
+    if max_length is None:
+        max_length = getattr(dataset_config, "max_prompt_length", None)
+    if processor is not None:
+        raise ValueError(
+            "get_custom_dataset: processor given: vision-language data is out of scope here"
+        )
+    split = split or getattr(dataset_config, "split", None) or "train"
+    if "gsm8k" in path and kind == "rl":
+        rows = _gsm8k_rl(read_hub_layout(path, split), tokenizer, max_length)
+        return datasets.Dataset.from_list(rows)
+    raise ValueError(
+        f"get_custom_dataset: {path!r} with type {kind!r} is not supported here (supported: "
+        "gsm8k with type rl); build a datasets.Dataset of your records and pass it instead"
+    )
