@@ -151,12 +151,14 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         workflow = parts.workflow(context)
     else:
         workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
+    # a workflow given from Python is named by itself in the executor's one-line errors
+    name = roll.workflow if parts.workflow is None else getattr(workflow, "name", "workflow")
     setup = RolloutSetup(
         engine,
         workflow,
         context,
         _pad_id(parts.tokenizer, eos_ids),
-        roll.workflow,
+        name,
         roll.episode_timeout_s,
     )
     if roll.mode == "async":

@@ -44,7 +44,7 @@ from areal_m2po.areal.api.engine_api import InferenceEngine as ArealEngine
 from areal_m2po.areal.infra import workflow_context
 from areal_m2po.areal.utils import stats_tracker
 
-__all__ = ["AREAL_DATA", "ArealEpisodes", "rows_to_trajectories"]
+__all__ = ["AREAL_DATA", "ArealEpisodes", "areal_record", "rows_to_trajectories", "to_tensor_dict"]
 
 AREAL_DATA = "areal_data"
 """The record key holding the AReaL record itself (what ``arun_episode`` gets as ``data``)."""
@@ -105,6 +105,18 @@ def rows_to_trajectories(
     return out
 
 
+_OWN_KEYS = frozenset({"prompt_ids", "prompt_text", AREAL_DATA})
+
+
+def areal_record(record: dict[str, Any]) -> dict[str, Any]:
+    """What an AReaL workflow gets as ``data``: the AReaL row kept under ``areal_data``, or
+    (a record of this package's data sets) the record without this trainer's own
+    ``prompt_ids``/``prompt_text``, which AReaL's reward call would pass twice."""
+    if AREAL_DATA in record:
+        return dict(record[AREAL_DATA])
+    return {k: v for k, v in record.items() if k not in _OWN_KEYS}
+
+
 @dataclass
 class _Shared:
     """The first episode's rows of one record, shared with the record's other episodes."""
@@ -151,7 +163,7 @@ class ArealEpisodes(RolloutWorkflow):
         recorder = stats_tracker.Recorder()
         stats_tracker.use_recorder(recorder)
         wf = self.eval_workflow if ctx.is_eval else self.workflow
-        result = await wf.arun_episode(ArealEngine(engine), record[AREAL_DATA])
+        result = await wf.arun_episode(ArealEngine(engine), areal_record(record))
         if result is None:
             return None, recorder.values
         if not isinstance(result, dict):
