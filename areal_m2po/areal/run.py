@@ -10,7 +10,9 @@ would run it, with two differences for this process only:
 - the current folder is on the import path after SCRIPT's own folder, so a script run from
   AReaL's repository root imports ``examples.*`` as it does there.
 
-An AReaL name the wing does not have fails at its import with Python's own error naming it.
+An AReaL name the wing does not have fails at its import with Python's own error naming it; a
+bad config key (``load_expr_config``) is one ``error:`` line with exit status 2, as
+``python -m areal_m2po.train`` reports it.
 """
 
 from __future__ import annotations
@@ -74,10 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print("usage: python -m areal_m2po.areal.run SCRIPT [ARGS...]", file=sys.stderr)
         return 0 if args else 2
+    from areal_m2po.api.errors import ConfigError
+    from areal_m2po.utils.console import print_error
+
     try:
         run_script(args[0], args[1:])
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:  # a bad key in the script's config: one line, as the CLI says it
+        print_error(exc)
         return 2
     return 0
 
