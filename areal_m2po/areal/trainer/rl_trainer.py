@@ -101,6 +101,31 @@ def to_records(rows: Iterable[dict[str, Any]] | None, tokenizer: Any) -> list[di
     return out
 
 
+class _WithEvaluation(_PackageWorkflow):
+    """``train``'s episodes and ``evaluate``'s evaluation (two agents of AReaL's ``train``)."""
+
+    def __init__(self, train: _PackageWorkflow, evaluate: _PackageWorkflow) -> None:
+        self.train, self.evaluate = train, evaluate
+        self.eval_metrics = evaluate.eval_metrics
+        self.name = getattr(train, "name", type(train).__name__)
+
+    async def arun_episode(self, engine: Any, record: dict[str, Any]) -> Any:
+        return await self.train.arun_episode(engine, record)
+
+    async def afinish_group(self, record: dict[str, Any], trajectories: list[Any]) -> Any:
+        return await self.train.afinish_group(record, trajectories)
+
+    def finish_batch(self, groups: Any) -> dict[str, float]:
+        return self.train.finish_batch(groups)
+
+    async def aevaluate(self, engine: Any, record: dict[str, Any]) -> dict[str, float] | None:
+        return await self.evaluate.aevaluate(engine, record)
+
+    def close(self) -> None:
+        self.train.close()
+        self.evaluate.close()
+
+
 class PPOTrainer:
     """AReaL's RL trainer (see the module doc).
 
@@ -132,14 +157,23 @@ class PPOTrainer:
     ) -> WorkflowFactory:
         if isinstance(workflow, RolloutWorkflow):
             if eval_workflow is not None and not isinstance(eval_workflow, RolloutWorkflow):
-                raise ValueError("eval_workflow: an agent evaluates only with an agent workflow")
+                raise ValueError("eval_workflow: an agent evaluates only beside an agent workflow")
             return lambda ctx: ArealEpisodes(ctx, workflow, eval_workflow, dynamic_filter_fn)
         if callable(getattr(workflow, "run", None)):
             from areal_m2po.rollout.workflows.agent.workflow import AgentWorkflow
 
             if dynamic_filter_fn is not None:
                 raise ValueError("dynamic_filter_fn: not supported with an agent workflow here")
-            return lambda ctx: AgentWorkflow(ctx, agent=workflow)
+            if eval_workflow is not None and not callable(getattr(eval_workflow, "run", None)):
+                raise ValueError("eval_workflow: an agent workflow evaluates with an agent")
+
+            def build(ctx: WorkflowContext) -> _PackageWorkflow:
+                train = AgentWorkflow(ctx, agent=workflow)
+                if eval_workflow is None or eval_workflow is workflow:
+                    return train
+                return _WithEvaluation(train, AgentWorkflow(ctx, agent=eval_workflow))
+
+            return build
         raise ValueError(
             f"workflow: a {type(workflow).__name__} is neither an AReaL RolloutWorkflow nor an "
             "agent with async run(data, **extra_kwargs)"
@@ -155,7 +189,8 @@ class PPOTrainer:
         total_epochs: int | None = None,
     ) -> None:
         """Train ``total_epochs`` epochs (default ``config.total_train_epochs``) with
-        ``workflow``; evaluate with ``eval_workflow`` when the evaluator is due.
+        ``workflow``; evaluate with ``eval_workflow`` when the evaluator is due (without an
+        ``eval_workflow`` or a ``valid_dataset``, never: AReaL's rule).
 
         Raises:
             ValueError: one line for a missing or unloadable workflow, or a non-positive
@@ -174,6 +209,12 @@ class PPOTrainer:
             if not (isinstance(total_epochs, int) and total_epochs > 0):
                 raise ValueError(f"Total epochs must be positive: {total_epochs}")
             cfg = dataclasses.replace(cfg, total_train_epochs=total_epochs)
+        if self.valid_dataset is None or eval_workflow is None:  # AReaL: no evaluation then
+            off = {"freq_steps": None, "freq_epochs": None, "freq_secs": None}
+            evaluator = dataclasses.replace(
+                cfg.evaluator, eval_at_start=False, eval_at_end=False, **off
+            )
+            cfg = dataclasses.replace(cfg, evaluator=evaluator)
         wf = load_workflow(workflow, workflow_kwargs, "workflow")
         eval_wf = None
         if eval_workflow is not None:

@@ -1,0 +1,153 @@
+"""AReaL's Python API on this trainer (issue 56): AReaL's own gsm8k_rl.py (vendored unchanged
+from areal-project/AReaL cbff54d6 under tests/data/areal/examples/math/) runs 2 steps through
+``python -m areal_m2po.areal.run`` on builtin:tiny with only model, data, size and step
+overrides; and a user's AReaL-style workflow returning AReaL's tensor dict trains through
+``PPOTrainer`` with its per-token versions in the batch."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from procs import REPO, read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("restore_threads")]
+
+MATH = REPO / "tests" / "data" / "areal" / "examples" / "math"
+
+
+def _gsm8k_folder(root: Path) -> Path:
+    """A local copy of openai/gsm8k as the Hub repository lays it out (main/<split>-*.parquet),
+    with short questions of gsm8k's shape."""
+    import pandas as pd
+
+    for split, n, seed in (("train", 8, 0), ("test", 4, 1)):
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(n):
+            a, b = rng.randint(2, 9), rng.randint(2, 9)
+            rows.append({"question": f"{a}+{b}=?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"})
+        (root / "gsm8k" / "main").mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(root / "gsm8k" / "main" / f"{split}-00000-of-00001.parquet")
+    return root / "gsm8k"
+
+
+SIZE = [
+    "actor.path=builtin:tiny",
+    "actor.backend=fsdp:d1",
+    "rollout.backend=sglang:d1",
+    "train_dataset.batch_size=4",
+    "valid_dataset.batch_size=4",
+    "gconfig.n_samples=2",
+    "gconfig.max_new_tokens=8",
+    "gconfig.max_tokens=136",
+    "train_dataset.max_length=100",
+    "total_train_steps=2",
+]
+"""Model, size and step overrides (AReaL's keys); the data path is added per test."""
+
+
+def test_areal_gsm8k_rl_script_runs_unchanged(tmp_path):
+    data = _gsm8k_folder(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable, "-m", "areal_m2po.areal.run", str(MATH / "gsm8k_rl.py"),
+        "--config", str(MATH / "gsm8k_grpo.yaml"),
+        f"train_dataset.path={data}", f"valid_dataset.path={data}", *SIZE,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "outputs" / "gsm8k-grpo" / "trial0"  # experiment/trial names
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    # MathAgent through the agent endpoint: 4 prompts x n_samples 2 per step
+    assert (
+        all(r["rollout/n_samples"] == 8 for r in rows) if "rollout/n_samples" in rows[0] else True
+    )
+    # AReaL's evaluator and saver (freq_epochs: 1) at the end of the 2-step epoch
+    assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+
+
+def test_custom_areal_workflow_trains_and_its_versions_reach_the_batch(tmp_path):
+    from areal_m2po.areal import PPOTrainer, workflow_context
+    from areal_m2po.areal.api import ModelRequest, RolloutWorkflow
+    from areal_m2po.areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal_m2po.areal.utils import stats_tracker
+
+    rewards: list[float] = []
+
+    class OneBehindWorkflow(RolloutWorkflow):
+        """AReaL's contract; it marks every generated token one version older than the
+        engine says, so the batch's staleness is exactly 1, and scores a completion by its
+        mean negative log-prob (distinct rewards: non-zero advantages)."""
+
+        def __init__(self, gconfig, tokenizer):  # type: ignore[no-untyped-def]
+            self.gconfig = gconfig.new_with_stop_and_pad_token_ids(tokenizer)
+            self.tokenizer = tokenizer
+
+        async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+            ids = self.tokenizer.encode(data["question"])
+            req = ModelRequest(uuid.uuid4().hex, ids, self.gconfig.new(n_samples=1))
+            resp = await engine.agenerate(req)
+            p, c = resp.input_len, resp.output_len
+            reward = -sum(resp.output_logprobs) / c
+            rewards.append(reward)
+            stats_tracker.get(workflow_context.stat_scope()).scalar(reward=reward)
+            row = {
+                "input_ids": torch.tensor(resp.input_tokens + resp.output_tokens),
+                "loss_mask": torch.tensor([0] * p + [1] * c),
+                "logprobs": torch.tensor([0.0] * p + resp.output_logprobs),
+                "versions": torch.tensor([-1] * p + [v - 1 for v in resp.output_versions]),
+                "attention_mask": torch.ones(p + c, dtype=torch.bool),
+                "rewards": torch.tensor(reward),
+            }
+            return {k: v.unsqueeze(0) for k, v in row.items()}
+
+    config, _ = load_expr_config(
+        [
+            "actor.path=builtin:tiny",
+            f"output_dir={tmp_path / 'run'}",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=6",
+            "total_train_steps=2",
+            "actor.m2_threshold=0.04",
+            "rollout.staleness=0",
+            "num_threads=1",
+            "stats_logger.progress_bar=false",
+        ],
+        GRPOConfig,
+    )
+    rows = [{"question": f"{a}+{a}=?", "answer": str(2 * a)} for a in range(2, 6)]
+    with PPOTrainer(config, train_dataset=rows) as trainer:
+        from areal_m2po.areal.utils.hf_utils import load_hf_tokenizer
+
+        tok = load_hf_tokenizer("builtin:tiny")
+        trainer.train(workflow=OneBehindWorkflow(config.gconfig, tok))
+    metrics = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in metrics] == [1, 2]
+    # the workflow's versions, not the engine's: one behind the actor's at each step
+    assert [r["rollout/staleness"] for r in metrics] == [1.0, 1.0]
+    assert [r["rollout/version_min"] for r in metrics] == [-1.0, 0.0]
+    # the rewards the workflow returned, 4 per step, and stats_tracker's record of them
+    assert len(rewards) == 8
+    means = [sum(rewards[:4]) / 4, sum(rewards[4:]) / 4]
+    assert [r["reward/mean"] for r in metrics] == pytest.approx(means, rel=1e-5)
+    assert [r["areal/rollout/reward"] for r in metrics] == pytest.approx(means, rel=1e-5)
+    assert all(r["actor/grad_norm"] > 0 for r in metrics)  # it trains
+    assert not any(k.startswith("eval/") for r in metrics for k in r)  # no valid_dataset
