@@ -27,12 +27,16 @@ module here loads nothing heavy beyond what its names need.
 
 
 def __getattr__(name: str) -> object:
-    """AReaL's top-level names, loaded on first use: ``PPOTrainer`` (:mod:`.trainer`) and
+    """AReaL's top-level names, loaded on first use: ``PPOTrainer``, ``SFTTrainer`` and
     ``workflow_context`` (:mod:`.infra.workflow_context`)."""
     if name == "PPOTrainer":
         from areal_m2po.areal.trainer.rl_trainer import PPOTrainer
 
         return PPOTrainer
+    if name == "SFTTrainer":
+        from areal_m2po.areal.trainer.sft_trainer import SFTTrainer
+
+        return SFTTrainer
     if name == "workflow_context":
         from areal_m2po.areal.infra import workflow_context
 

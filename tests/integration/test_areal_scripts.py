@@ -54,8 +54,9 @@ SIZE = [
 """Model, size and step overrides (AReaL's keys); the data path is added per test."""
 
 
-def test_areal_gsm8k_rl_script_runs_unchanged(tmp_path):
-    data = _gsm8k_folder(tmp_path)
+def _run_script(tmp_path: Path, script: str, config: str, overrides: list[str]) -> None:
+    """``python -m areal_m2po.areal.run`` of AReaL's ``script`` with ``--config config`` and
+    ``overrides``, from ``tmp_path`` (its runs write under ``tmp_path/outputs``)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -64,12 +65,17 @@ def test_areal_gsm8k_rl_script_runs_unchanged(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     cmd = [
-        sys.executable, "-m", "areal_m2po.areal.run", str(MATH / "gsm8k_rl.py"),
-        "--config", str(MATH / "gsm8k_grpo.yaml"),
-        f"train_dataset.path={data}", f"valid_dataset.path={data}", *SIZE,
+        sys.executable, "-m", "areal_m2po.areal.run", str(MATH / script),
+        "--config", str(MATH / config), *overrides,
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_areal_gsm8k_rl_script_runs_unchanged(tmp_path):
+    data = _gsm8k_folder(tmp_path)
+    paths = [f"train_dataset.path={data}", f"valid_dataset.path={data}"]
+    _run_script(tmp_path, "gsm8k_rl.py", "gsm8k_grpo.yaml", [*paths, *SIZE])
     run_dir = tmp_path / "outputs" / "gsm8k-grpo" / "trial0"  # experiment/trial names
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
@@ -151,3 +157,24 @@ def test_custom_areal_workflow_trains_and_its_versions_reach_the_batch(tmp_path)
     assert [r["areal/rollout/reward"] for r in metrics] == pytest.approx(means, rel=1e-5)
     assert all(r["actor/grad_norm"] > 0 for r in metrics)  # it trains
     assert not any(k.startswith("eval/") for r in metrics for k in r)  # no valid_dataset
+
+
+def test_areal_gsm8k_sft_script_runs_unchanged(tmp_path):
+    """gsm8k_sft.py: AReaL's SFTTrainer on get_custom_dataset's tokenized gsm8k rows; 8
+    examples at 4 per step are its one epoch, evaluated and saved at its end (freq_epochs: 1)."""
+    data = _gsm8k_folder(tmp_path)
+    overrides = [
+        "actor.path=builtin:tiny",
+        "actor.backend=fsdp:d1",
+        f"train_dataset.path={data}",
+        f"valid_dataset.path={data}",
+        "train_dataset.batch_size=4",
+        "valid_dataset.batch_size=4",
+    ]
+    _run_script(tmp_path, "gsm8k_sft.py", "gsm8k_sft.yaml", overrides)
+    run_dir = tmp_path / "outputs" / "gsm8k-sft" / "trial0"
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["sft/loss"]) for r in rows)
+    assert "eval/loss" in rows[1] and "eval/loss" not in rows[0]
+    assert (run_dir / "checkpoints" / "step_2").is_dir()

@@ -157,3 +157,28 @@ def test_runner_reports_a_bad_config_key_in_one_line(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: gconfig.n_samples: must be >= 1, got 0"]
+
+
+@dataclass
+class _SFTSection:
+    path: str
+    type: str = "sft"
+
+
+def test_gsm8k_sft_rows_learn_the_answer_and_eos(tmp_path, tok):
+    """AReaL's gsm8k SFT row: question + answer + EOS tokenized, loss_mask 1 after the
+    question's tokens (the tiny tokenizer has one token per character: counted by hand)."""
+    from areal_m2po.areal.trainer.sft_trainer import to_examples
+
+    _write_parquet(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet", ROWS[:1])
+    (row,) = get_custom_dataset(
+        split="train", dataset_config=_SFTSection(str(tmp_path / "gsm8k")), tokenizer=tok
+    )
+    q = tok.encode("2+3=?")
+    assert row["input_ids"] == tok.encode("2+3=?5\n#### 5" + tok.eos_token)
+    assert row["loss_mask"] == [0] * len(q) + [1] * (len(row["input_ids"]) - len(q))
+    assert row["input_ids"][-1] == tok.eos_token_id
+    (example,) = to_examples([row], "train_dataset")
+    assert example["loss_mask"] == [bool(m) for m in row["loss_mask"]]
+    with pytest.raises(ValueError, match="train_dataset row 0: no token with loss_mask 1"):
+        to_examples([{"input_ids": [1, 2], "loss_mask": [1, 0]}], "train_dataset")

@@ -75,6 +75,33 @@ def _gsm8k_rl(
     return out
 
 
+def _gsm8k_sft(
+    rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None
+) -> list[dict[str, Any]]:
+    """AReaL's gsm8k SFT rows: ``question + answer + EOS`` tokenized, ``loss_mask`` 1 after the
+    question's tokens; longer than ``max_length`` dropped."""
+    if tokenizer is None:
+        raise ValueError("get_custom_dataset: gsm8k with type sft needs tokenizer=")
+    out = []
+    for i, row in enumerate(rows):
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f"gsm8k row {i}: needs 'question' and 'answer', has {sorted(row)}")
+        ids = tokenizer.encode(str(row["question"]) + str(row["answer"]) + tokenizer.eos_token)
+        n_prompt = len(tokenizer.encode(str(row["question"])))
+        if max_length is not None and len(ids) > max_length:
+            continue
+        out.append({"input_ids": ids, "loss_mask": [0] * n_prompt + [1] * (len(ids) - n_prompt)})
+    return out
+
+
+def _kind(dataset_config: Any) -> str:
+    """``type`` of a section read by this package (AReaL's ``type`` key is not kept): ``sft``
+    for an SFT section, ``rl`` otherwise."""
+    from areal_m2po.api.cli_args import SFTDatasetConfig
+
+    return "sft" if isinstance(dataset_config, SFTDatasetConfig) else "rl"
+
+
 def get_custom_dataset(
     split: str | None = None,
     dataset_config: Any = None,
@@ -96,7 +123,8 @@ def get_custom_dataset(
     path = kwargs.pop("path", None) or getattr(dataset_config, "path", None)
     if not path:
         raise ValueError("get_custom_dataset: dataset_config.path (or path=) is required")
-    kind = kwargs.pop("type", None) or getattr(dataset_config, "type", None) or "rl"
+    kind = kwargs.pop("type", None) or getattr(dataset_config, "type", None)
+    kind = kind or _kind(dataset_config)
     max_length = kwargs.pop("max_length", None)
     if max_length is None:
         max_length = getattr(dataset_config, "max_length", None)
@@ -110,7 +138,10 @@ def get_custom_dataset(
     if "gsm8k" in path and kind == "rl":
         rows = _gsm8k_rl(read_hub_layout(path, split), tokenizer, max_length)
         return datasets.Dataset.from_list(rows)
+    if "gsm8k" in path and kind == "sft":
+        rows = _gsm8k_sft(read_hub_layout(path, split), tokenizer, max_length)
+        return datasets.Dataset.from_list(rows)
     raise ValueError(
         f"get_custom_dataset: {path!r} with type {kind!r} is not supported here (supported: "
-        "gsm8k with type rl); build a datasets.Dataset of your records and pass it instead"
+        "gsm8k with type rl or sft); build a datasets.Dataset of your records and pass it instead"
     )
