@@ -20,7 +20,8 @@ from procs import REPO, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("restore_threads")]
 
-MATH = REPO / "tests" / "data" / "areal" / "examples" / "math"
+EXAMPLES = REPO / "tests" / "data" / "areal" / "examples"
+MATH = EXAMPLES / "math"
 
 
 def _gsm8k_folder(root: Path) -> Path:
@@ -37,6 +38,36 @@ def _gsm8k_folder(root: Path) -> Path:
         (root / "gsm8k" / "main").mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(root / "gsm8k" / "main" / f"{split}-00000-of-00001.parquet")
     return root / "gsm8k"
+
+
+def _hh_folder(root: Path) -> Path:
+    """A local copy of Anthropic/hh-rlhf as the Hub repository lays it out
+    (<subset>/<split>.jsonl.gz), with short dialogues of its shape."""
+    import gzip
+    import json
+
+    (root / "hh-rlhf" / "harmless-base").mkdir(parents=True)
+    for split, n, seed in (("train", 8, 0), ("test", 4, 1)):
+        rng = random.Random(seed)
+        with gzip.open(root / "hh-rlhf" / "harmless-base" / f"{split}.jsonl.gz", "wt") as fh:
+            for _ in range(n):
+                a, b = rng.randint(2, 9), rng.randint(2, 9)
+                head = f"\n\nHuman: What is {a} plus {b}?\n\nAssistant:"
+                row = {"chosen": f"{head} It is {a + b}.", "rejected": f"{head} I do not know."}
+                fh.write(json.dumps(row) + "\n")
+    return root / "hh-rlhf"
+
+
+def _supervised(data: Path) -> list[str]:
+    """The model, data and size overrides of the SFT, DPO and RW scripts."""
+    return [
+        "actor.path=builtin:tiny",
+        "actor.backend=fsdp:d1",
+        f"train_dataset.path={data}",
+        f"valid_dataset.path={data}",
+        "train_dataset.batch_size=4",
+        "valid_dataset.batch_size=4",
+    ]
 
 
 SIZE = [
@@ -65,8 +96,8 @@ def _run_script(tmp_path: Path, script: str, config: str, overrides: list[str]) 
         "OMP_NUM_THREADS": "1",
     }
     cmd = [
-        sys.executable, "-m", "areal_m2po.areal.run", str(MATH / script),
-        "--config", str(MATH / config), *overrides,
+        sys.executable, "-m", "areal_m2po.areal.run", str(EXAMPLES / script),
+        "--config", str(EXAMPLES / config), *overrides,
     ]  # fmt: skip
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -75,7 +106,7 @@ def _run_script(tmp_path: Path, script: str, config: str, overrides: list[str]) 
 def test_areal_gsm8k_rl_script_runs_unchanged(tmp_path):
     data = _gsm8k_folder(tmp_path)
     paths = [f"train_dataset.path={data}", f"valid_dataset.path={data}"]
-    _run_script(tmp_path, "gsm8k_rl.py", "gsm8k_grpo.yaml", [*paths, *SIZE])
+    _run_script(tmp_path, "math/gsm8k_rl.py", "math/gsm8k_grpo.yaml", [*paths, *SIZE])
     run_dir = tmp_path / "outputs" / "gsm8k-grpo" / "trial0"  # experiment/trial names
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
@@ -163,18 +194,26 @@ def test_areal_gsm8k_sft_script_runs_unchanged(tmp_path):
     """gsm8k_sft.py: AReaL's SFTTrainer on get_custom_dataset's tokenized gsm8k rows; 8
     examples at 4 per step are its one epoch, evaluated and saved at its end (freq_epochs: 1)."""
     data = _gsm8k_folder(tmp_path)
-    overrides = [
-        "actor.path=builtin:tiny",
-        "actor.backend=fsdp:d1",
-        f"train_dataset.path={data}",
-        f"valid_dataset.path={data}",
-        "train_dataset.batch_size=4",
-        "valid_dataset.batch_size=4",
-    ]
-    _run_script(tmp_path, "gsm8k_sft.py", "gsm8k_sft.yaml", overrides)
+    _run_script(tmp_path, "math/gsm8k_sft.py", "math/gsm8k_sft.yaml", _supervised(data))
     run_dir = tmp_path / "outputs" / "gsm8k-sft" / "trial0"
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["sft/loss"]) for r in rows)
     assert "eval/loss" in rows[1] and "eval/loss" not in rows[0]
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("script", "loss"), [("hhrlhf_dpo", "dpo/loss"), ("hhrlhf_rw", "train/loss")]
+)
+def test_areal_hhrlhf_scripts_run_unchanged(tmp_path, script, loss):
+    """hhrlhf_dpo.py and hhrlhf_rw.py: AReaL's DPOTrainer and RWTrainer on get_custom_dataset's
+    tokenized hh-rlhf pairs; one epoch of 2 steps, evaluated and saved at its end."""
+    data = _hh_folder(tmp_path)
+    _run_script(tmp_path, f"alignment/{script}.py", f"alignment/{script}.yaml", _supervised(data))
+    run_dir = tmp_path / "outputs" / script.replace("_", "-") / "trial0"
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r[loss]) for r in rows)
+    assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
     assert (run_dir / "checkpoints" / "step_2").is_dir()

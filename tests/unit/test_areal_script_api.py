@@ -182,3 +182,28 @@ def test_gsm8k_sft_rows_learn_the_answer_and_eos(tmp_path, tok):
     assert example["loss_mask"] == [bool(m) for m in row["loss_mask"]]
     with pytest.raises(ValueError, match="train_dataset row 0: no token with loss_mask 1"):
         to_examples([{"input_ids": [1, 2], "loss_mask": [1, 0]}], "train_dataset")
+
+
+def test_hhrlhf_rows_mask_what_follows_the_shared_prompt(tmp_path, tok):
+    """AReaL's hh-rlhf DPO row: each side + EOS tokenized; the loss mask starts at the first
+    token where chosen and rejected differ (by hand: the shared text 'Q: x? A: ')."""
+    import gzip
+
+    from areal_m2po.areal.trainer.dpo_trainer import to_dpo_pairs
+
+    (tmp_path / "hh-rlhf" / "helpful-base").mkdir(parents=True)
+    with gzip.open(tmp_path / "hh-rlhf" / "helpful-base" / "train.jsonl.gz", "wt") as fh:
+        fh.write(json.dumps({"chosen": "Q: x? A: yes", "rejected": "Q: x? A: no"}) + "\n")
+    cfg = _DatasetSection(str(tmp_path / "hh-rlhf"), type="dpo")
+    (row,) = get_custom_dataset(split="train", dataset_config=cfg, tokenizer=tok)
+    assert row["chosen_ids"] == tok.encode("Q: x? A: yes" + tok.eos_token)
+    shared = len(tok.encode("Q: x? A: "))
+    assert row["chosen_loss_mask"] == [0] * shared + [1] * (len(row["chosen_ids"]) - shared)
+    assert row["rejected_loss_mask"] == [0] * shared + [1] * (len(row["rejected_ids"]) - shared)
+    (pair,) = to_dpo_pairs([row], "train_dataset")
+    assert (
+        pair["chosen"]["input_ids"] == row["chosen_ids"] and pair["where"] == "train_dataset row 0"
+    )
+    cfg = _DatasetSection(str(tmp_path / "hh-rlhf"), type="rw")
+    (row,) = get_custom_dataset(split="train", dataset_config=cfg, tokenizer=tok)
+    assert sorted(row) == ["chosen_ids", "rejected_ids"]

@@ -30,6 +30,21 @@ def _offline() -> bool:
     )
 
 
+def _read_jsonl_gz(path: str) -> list[dict[str, Any]]:
+    import gzip
+    import json
+
+    rows = []
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
 def read_hub_layout(path: str, split: str, config_name: str = "main") -> list[dict[str, Any]]:
     """The rows of ``split`` at ``path`` (see the module doc for the layouts).
 
@@ -47,6 +62,9 @@ def read_hub_layout(path: str, split: str, config_name: str = "main") -> list[di
             found = [f for f in files if os.path.isfile(f)]
             if found:
                 return [row for f in found for _, row in read_rows(f, split)]
+        gz = sorted(glob.glob(os.path.join(path, "**", f"{split}.jsonl.gz"), recursive=True))
+        if gz:  # Anthropic/hh-rlhf's layout: <subset>/<split>.jsonl.gz
+            return [row for f in gz for row in _read_jsonl_gz(f)]
         return [row for _, row in read_rows(path, split)]
     if path.startswith(("/", "./", "../")):
         raise ValueError(f"dataset path {path!r} does not exist")
@@ -94,12 +112,43 @@ def _gsm8k_sft(
     return out
 
 
+def _hhrlhf(
+    rows: list[dict[str, Any]], tokenizer: Any, max_length: int | None, kind: str
+) -> list[dict[str, Any]]:
+    """AReaL's hh-rlhf rows: ``chosen``/``rejected`` + EOS tokenized as ``chosen_ids`` /
+    ``rejected_ids``; for DPO (``dpo``, or ``preference``: a section read here, whose AReaL
+    ``type`` is not kept) also ``chosen_loss_mask`` / ``rejected_loss_mask``, 1 after the
+    tokens both share (the prompt). Pairs with a side over ``max_length`` are dropped."""
+    if tokenizer is None:
+        raise ValueError(f"get_custom_dataset: hh-rlhf with type {kind} needs tokenizer=")
+    out = []
+    for i, row in enumerate(rows):
+        if "chosen" not in row or "rejected" not in row:
+            raise ValueError(f"hh-rlhf row {i}: needs 'chosen' and 'rejected', has {sorted(row)}")
+        chosen = tokenizer.encode(str(row["chosen"]) + tokenizer.eos_token)
+        rejected = tokenizer.encode(str(row["rejected"]) + tokenizer.eos_token)
+        if max_length is not None and max(len(chosen), len(rejected)) > max_length:
+            continue
+        item: dict[str, Any] = {"chosen_ids": chosen, "rejected_ids": rejected}
+        if kind != "rw":
+            shared = next(
+                (j for j, (c, r) in enumerate(zip(chosen, rejected)) if c != r),
+                min(len(chosen), len(rejected)),
+            )
+            item["chosen_loss_mask"] = [0] * shared + [1] * (len(chosen) - shared)
+            item["rejected_loss_mask"] = [0] * shared + [1] * (len(rejected) - shared)
+        out.append(item)
+    return out
+
+
 def _kind(dataset_config: Any) -> str:
     """``type`` of a section read by this package (AReaL's ``type`` key is not kept): ``sft``
-    for an SFT section, ``rl`` otherwise."""
-    from areal_m2po.api.cli_args import SFTDatasetConfig
+    for an SFT section, ``preference`` for a preference one, ``rl`` otherwise."""
+    from areal_m2po.api.cli_args import PreferenceDatasetConfig, SFTDatasetConfig
 
-    return "sft" if isinstance(dataset_config, SFTDatasetConfig) else "rl"
+    if isinstance(dataset_config, SFTDatasetConfig):
+        return "sft"
+    return "preference" if isinstance(dataset_config, PreferenceDatasetConfig) else "rl"
 
 
 def get_custom_dataset(
@@ -141,7 +190,10 @@ def get_custom_dataset(
     if "gsm8k" in path and kind == "sft":
         rows = _gsm8k_sft(read_hub_layout(path, split), tokenizer, max_length)
         return datasets.Dataset.from_list(rows)
+    if "hh-rlhf" in path and kind in ("rw", "dpo", "preference"):
+        rows = _hhrlhf(read_hub_layout(path, split), tokenizer, max_length, kind)
+        return datasets.Dataset.from_list(rows)
     raise ValueError(
         f"get_custom_dataset: {path!r} with type {kind!r} is not supported here (supported: "
-        "gsm8k with type rl or sft); build a datasets.Dataset of your records and pass it instead"
+        "gsm8k with type rl or sft, hh-rlhf with type rw or dpo); build a datasets.Dataset of your records and pass it instead"
     )
