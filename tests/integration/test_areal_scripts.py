@@ -217,3 +217,44 @@ def test_areal_hhrlhf_scripts_run_unchanged(tmp_path, script, loss):
     assert all(math.isfinite(r[loss]) for r in rows)
     assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
     assert (run_dir / "checkpoints" / "step_2").is_dir()
+
+
+def test_areal_countdown_script_runs_unchanged(tmp_path):
+    """examples/countdown/train.py, copied with reward_score.py and train_config.yaml (unchanged)
+    into a folder laid out as AReaL's repository, run from its root: its own RolloutWorkflow
+    named by a dotted path into examples.*, its sibling import, its json data set and its
+    stats_tracker reward; no valid_dataset, so no evaluation (AReaL's rule)."""
+    import json
+    import shutil
+
+    project = tmp_path / "project"
+    (project / "examples" / "countdown").mkdir(parents=True)
+    for name in ("train.py", "reward_score.py", "train_config.yaml"):
+        shutil.copy(EXAMPLES / "countdown" / name, project / "examples" / "countdown" / name)
+    rng = random.Random(0)
+    (project / "data").mkdir()
+    with open(project / "data" / "train.jsonl", "w") as fh:
+        for _ in range(8):
+            a, b = rng.randint(2, 9), rng.randint(2, 9)
+            row = {"query": f"Use {[a, b]} to make {a + b}.", "target": a + b, "numbers": [a, b]}
+            fh.write(json.dumps(row) + "\n")
+    overrides = [
+        "train_dataset.path=data/train.jsonl",
+        "valid_dataset.path=data/train.jsonl",
+        *[o for o in SIZE if not o.startswith("valid_dataset")],
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "areal_m2po.areal.run", "examples/countdown/train.py",
+        "--config", "examples/countdown/train_config.yaml", *overrides,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(project / "outputs" / "countdown-grpo" / "trial0")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    # the workflow's stats_tracker reward is the batch's reward
+    assert [r["areal/rollout/reward"] for r in rows] == pytest.approx(
+        [r["reward/mean"] for r in rows]
+    )
+    assert not any(k.startswith("eval/") for r in rows for k in r)

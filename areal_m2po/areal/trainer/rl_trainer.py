@@ -14,7 +14,7 @@ path (``areal.X`` paths name this wing's ``areal_m2po.areal.X``), run through
 run(data, **extra_kwargs)`` (instance, class or path), run by this package's agent workflow
 against its OpenAI-compatible endpoint. The records are the data set's rows; the prompt the
 trainer records for each (its length budget, the plain evaluation) is the chat template of
-its ``messages`` (or its ``question``/``prompt`` text).
+its ``messages`` (or its ``question``/``prompt``/``query`` text).
 
 Differences from AReaL, by design: the models load in :meth:`PPOTrainer.train` (the workflow
 is known then), not in the constructor; a group with a dropped episode is dropped whole
@@ -79,7 +79,7 @@ def _prompt(row: dict[str, Any], tokenizer: Any) -> tuple[str, list[int], str]:
         text = apply_chat_template(tokenizer, messages, tokenize=False, add_generation_prompt=True)
         users = [m.get("content") for m in messages if m.get("role") == "user"]
         return str(users[-1] if users else messages[-1].get("content")), list(ids), text
-    for name in ("question", "prompt"):
+    for name in ("question", "prompt", "query"):
         if isinstance(row.get(name), str):
             text = row[name]
             return text, list(tokenizer(text)["input_ids"]), text
