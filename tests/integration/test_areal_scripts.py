@@ -258,3 +258,54 @@ def test_areal_countdown_script_runs_unchanged(tmp_path):
         [r["reward/mean"] for r in rows]
     )
     assert not any(k.startswith("eval/") for r in rows for k in r)
+
+
+def test_rlvr_workflow_by_areal_paths_trains_and_evaluates(tmp_path):
+    """The issue's call: PPOTrainer(...).train(workflow="areal.workflow.rlvr.RLVRWorkflow",
+    ...) with AReaL's reward by AReaL's path and an eval_workflow, without the runner; the
+    evaluator (AReaL's rule: valid_dataset and eval_workflow given) runs at the end."""
+    from areal_m2po.areal import PPOTrainer
+    from areal_m2po.areal.api.cli_args import GRPOConfig, load_expr_config
+    from areal_m2po.areal.dataset import get_custom_dataset
+    from areal_m2po.areal.utils.hf_utils import load_hf_tokenizer
+
+    data = _gsm8k_folder(tmp_path)
+    config, _ = load_expr_config(
+        [
+            "actor.path=builtin:tiny",
+            f"output_dir={tmp_path / 'run'}",
+            f"train_dataset.path={data}",
+            f"valid_dataset.path={data}",
+            "train_dataset.batch_size=4",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=6",
+            "total_train_steps=2",
+            "evaluator.eval_at_start=false",
+            "num_threads=1",
+            "stats_logger.progress_bar=false",
+        ],
+        GRPOConfig,
+    )
+    tok = load_hf_tokenizer(config.tokenizer_path)
+    train = get_custom_dataset(split="train", dataset_config=config.train_dataset, tokenizer=tok)
+    valid = get_custom_dataset(split="test", dataset_config=config.valid_dataset, tokenizer=tok)
+    kwargs = {
+        "reward_fn": "areal.reward.gsm8k.gsm8k_reward_fn",
+        "gconfig": config.gconfig,
+        "tokenizer": config.tokenizer_path,
+    }
+    with PPOTrainer(config, train_dataset=train, valid_dataset=valid) as trainer:
+        trainer.train(
+            workflow="areal.workflow.rlvr.RLVRWorkflow",
+            workflow_kwargs=kwargs,
+            eval_workflow="areal.workflow.rlvr.RLVRWorkflow",
+            eval_workflow_kwargs=kwargs,
+        )
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["actor/loss"]) for r in rows)
+    assert [r["areal/rollout/reward"] for r in rows] == pytest.approx(
+        [r["reward/mean"] for r in rows]
+    )
+    assert "eval/reward" in rows[1] and "eval/accuracy" in rows[1]
+    assert 0.0 <= rows[1]["eval/reward"] <= 1.0

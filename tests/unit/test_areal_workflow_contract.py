@@ -161,3 +161,44 @@ def test_rlvr_reward_gets_areal_record_not_this_packages(tok):
     assert [c[0] for c in calls] == [prompt, prompt]
     assert calls[0][2] == ["answer", "messages"]
     assert list(engine.requests[0].sampling.stop_token_ids) == [tok.eos_token_id]
+
+
+def test_dynamic_filter_fn_sees_the_group_as_arealss_dict(tok):
+    seen = []
+
+    def keep(group):  # type: ignore[no-untyped-def]
+        seen.append({k: tuple(v.shape) for k, v in group.items()})
+        return bool(group["rewards"].std() > 0)  # AReaL's usual filter: drop uniform groups
+
+    engine = CountingEngine()
+    wf = ArealEpisodes(
+        _context(2, tok), OneSample(GenerationHyperparameters(n_samples=2)), None, keep
+    )
+    group = asyncio.run(arun_group(wf, engine, {"a": 1}, 2))
+    assert group is None  # both rewards 0.5
+    assert seen == [
+        {
+            "input_ids": (2, 6),
+            "loss_mask": (2, 6),
+            "logprobs": (2, 6),
+            "versions": (2, 6),
+            "attention_mask": (2, 6),
+            "rewards": (2,),
+        }
+    ]
+
+
+def test_evaluation_runs_the_eval_workflow_once_per_record(tok):
+    class Scored(OneSample):
+        async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+            row = await super().arun_episode(engine, data)
+            row["rewards"] = torch.tensor([data["score"]])
+            return row
+
+    g = GenerationHyperparameters(n_samples=3)
+    wf = ArealEpisodes(_context(3, tok), OneSample(g), Scored(g))
+    engine = CountingEngine()
+    results = [asyncio.run(wf.aevaluate(engine, {"score": s})) for s in (1.0, 0.25)]
+    assert results == [{"correct": 1.0, "reward": 1.0}, {"correct": 0.0, "reward": 0.25}]
+    assert len(engine.requests) == 2
+    assert asyncio.run(ArealEpisodes(_context(3, tok), OneSample(g)).aevaluate(engine, {})) is None

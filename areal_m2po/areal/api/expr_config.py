@@ -2,7 +2,8 @@
 cbff54d6): ``PPOConfig``/``GRPOConfig`` and ``load_expr_config(argv, config_cls)``.
 
 They are this package's :class:`~areal_m2po.api.cli_args.PPOConfig` (every key, check and
-default its own, M2PO included) with ``gconfig`` typed as AReaL's
+default its own, M2PO included) with ``tokenizer_path`` set (null: ``actor.path``, which AReaL's scripts read
+directly) and ``gconfig`` typed as AReaL's
 :class:`~areal_m2po.areal.api.generation.GenerationHyperparameters`; the reader is
 :func:`~areal_m2po.api.config_loader.load_config`, which reads AReaL's YAML files with AReaL's
 meaning. A user's dataclass subclassing ``GRPOConfig`` with fields of its own loads too: its
@@ -31,6 +32,11 @@ class PPOConfig(_PackagePPOConfig):
     gconfig: GenerationHyperparameters = section_field(
         GenerationHyperparameters, "Generation (sampling) settings."
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer_path is None:  # AReaL's scripts read it: null means actor.path
+            self.tokenizer_path = self.actor.path
 
 
 @dataclass

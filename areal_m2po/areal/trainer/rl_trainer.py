@@ -34,19 +34,14 @@ from areal_m2po.api.workflow_api import RolloutWorkflow as _PackageWorkflow
 from areal_m2po.api.workflow_api import WorkflowContext
 from areal_m2po.areal.api.workflow_api import RolloutWorkflow
 from areal_m2po.areal.trainer.episodes import AREAL_DATA, ArealEpisodes
-from areal_m2po.areal.utils.dynamic_import import import_from_string
 from areal_m2po.areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
+from areal_m2po.areal.utils.wing_paths import import_areal
 
-__all__ = ["PPOTrainer", "areal_path", "load_workflow"]
+__all__ = ["PPOTrainer", "load_workflow", "to_records"]
 
 logger = logging.getLogger("areal_m2po.areal")
 
 WorkflowFactory = Callable[[WorkflowContext], _PackageWorkflow]
-
-
-def areal_path(path: str) -> str:
-    """``path`` with an ``areal.`` prefix read as this wing's (``areal_m2po.areal.``)."""
-    return "areal_m2po." + path if path == "areal" or path.startswith("areal.") else path
 
 
 def load_workflow(spec: Any, kwargs: dict[str, Any] | None, key: str) -> Any:
@@ -59,7 +54,7 @@ def load_workflow(spec: Any, kwargs: dict[str, Any] | None, key: str) -> Any:
     """
     if isinstance(spec, str):
         try:
-            spec = import_from_string(areal_path(spec))
+            spec = import_areal(spec)
         except (ValueError, ImportError, AttributeError) as exc:
             raise ValueError(f"{key}: {spec!r} does not import: {exc}") from None
     if isinstance(spec, type):
@@ -220,7 +215,7 @@ class PPOTrainer:
         if eval_workflow is not None:
             eval_wf = load_workflow(eval_workflow, eval_workflow_kwargs, "eval_workflow")
         if isinstance(dynamic_filter_fn, str):
-            dynamic_filter_fn = import_from_string(areal_path(dynamic_filter_fn))
+            dynamic_filter_fn = import_areal(dynamic_filter_fn)
         factory = self._factory(wf, eval_wf, dynamic_filter_fn)
         prompts = (
             to_records(self.train_dataset, self.tokenizer),

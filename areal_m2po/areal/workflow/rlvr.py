@@ -20,8 +20,8 @@ from areal_m2po.areal.api.reward_api import AsyncRewardWrapper
 from areal_m2po.areal.api.workflow_api import RolloutWorkflow
 from areal_m2po.areal.infra import workflow_context
 from areal_m2po.areal.utils import stats_tracker
-from areal_m2po.areal.utils.dynamic_import import import_from_string
 from areal_m2po.areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
+from areal_m2po.areal.utils.wing_paths import import_areal
 
 __all__ = ["RLVRWorkflow", "default_data_extract_prompt_fn", "default_get_input_ids_fn"]
 
@@ -43,14 +43,15 @@ def default_data_extract_prompt_fn(data: dict[str, Any]) -> Any:
 
 
 def _loaded(value: Any) -> Any:
-    return import_from_string(value) if isinstance(value, str) else value
+    return import_areal(value) if isinstance(value, str) else value
 
 
 class RLVRWorkflow(RolloutWorkflow):
     """One sampled completion of the record's prompt and its verifiable reward.
 
     Args:
-        reward_fn: AReaL's reward signature, or its dotted path (imported at the first episode).
+        reward_fn: AReaL's reward signature, or its dotted path (imported at the first episode;
+            ``areal.X`` paths name this wing's ``areal_m2po.areal.X``).
         gconfig: sampling; the tokenizer's pad and EOS ids are added as stop tokens.
         tokenizer: the tokenizer, or a path to load it from.
         enable_thinking: passed to the chat template.
@@ -83,7 +84,7 @@ class RLVRWorkflow(RolloutWorkflow):
         """The episode's tensor dict, one row (see
         :mod:`areal_m2po.areal.api.workflow_api`)."""
         if self.async_reward_fn is None:
-            self.reward_fn = import_from_string(str(self.reward_fn))
+            self.reward_fn = import_areal(str(self.reward_fn))
             self.async_reward_fn = AsyncRewardWrapper(self.reward_fn)
         input_ids = list(
             self.get_input_ids_fn(
