@@ -34,6 +34,7 @@ class CountingEngine(ScriptOnlyEngine):
         self.requests = []
 
     async def agenerate(self, request):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0)  # yields, as a real engine does: the group's episodes interleave
         self.requests.append(request)
         n = len(self.requests)
         out = [OUT[0] + n, *OUT[1:]]  # each completion its own first token
@@ -202,3 +203,35 @@ def test_evaluation_runs_the_eval_workflow_once_per_record(tok):
     assert results == [{"correct": 1.0, "reward": 1.0}, {"correct": 0.0, "reward": 0.25}]
     assert len(engine.requests) == 2
     assert asyncio.run(ArealEpisodes(_context(3, tok), OneSample(g)).aevaluate(engine, {})) is None
+
+
+def test_one_record_object_in_two_groups_gets_two_groups(tok):
+    """The same record object twice in a batch (a loader repeating a row): two groups of n."""
+    n = 2
+    engine = CountingEngine()
+    wf = ArealEpisodes(_context(n, tok), WholeGroup(GenerationHyperparameters(n_samples=n)))
+    record = {"a": 1}
+
+    async def go():  # type: ignore[no-untyped-def]
+        await arun_group(wf, engine, {"first": 0}, n)  # learns: n rows per episode
+        return await asyncio.gather(*(arun_group(wf, engine, record, n) for _ in range(2)))
+
+    groups = asyncio.run(go())
+    assert [len(g) for g in groups] == [n, n]
+    assert len(engine.requests) == 3 * n
+
+
+def test_a_changing_row_count_fails_every_episode_of_the_group(tok):
+    class Changing(WholeGroup):
+        async def arun_episode(self, engine, data):  # type: ignore[no-untyped-def]
+            out = await super().arun_episode(engine, data)
+            return out if data.get("first") else {k: v[:1] for k, v in out.items()}
+
+    wf = ArealEpisodes(_context(2, tok), Changing(GenerationHyperparameters(n_samples=2)))
+
+    async def go():  # type: ignore[no-untyped-def]
+        await arun_group(wf, CountingEngine(), {"first": 1}, 2)
+        await asyncio.wait_for(arun_group(wf, CountingEngine(), {"b": 2}, 2), 30)
+
+    with pytest.raises(WorkflowError, match="returned 1 rows; expected 2 as before"):
+        asyncio.run(go())

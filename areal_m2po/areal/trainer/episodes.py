@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -124,8 +124,6 @@ class _Shared:
     record: dict[str, Any]
     rows: asyncio.Future[list[Trajectory] | None]
     started: int = 1
-    taken: int = 1
-    stats: list[dict[str, list[float]]] = field(default_factory=list)
 
 
 class ArealEpisodes(RolloutWorkflow):
@@ -180,50 +178,50 @@ class ArealEpisodes(RolloutWorkflow):
         if shared is None or shared.record is not record:
             return await self._first(engine, record)
         shared.started += 1
+        index = shared.started - 1
+        self._close_if_full(shared)
         rows = await shared.rows
         if self.rows_per_episode == 1:  # learnt on this record: run an episode of its own
-            shared.taken += 1
-            self._release(record, shared)
-            ctx = workflow_context.WorkflowContext(sample_idx=shared.started - 1)
+            ctx = workflow_context.WorkflowContext(sample_idx=index)
             return self._one(*await self._run(engine, record, ctx))
-        index, shared.taken = shared.taken, shared.taken + 1
-        self._release(record, shared)
         return None if rows is None else rows[index]
 
+    def _close_if_full(self, shared: _Shared) -> None:
+        """No more episodes join ``shared`` once the group has its ``n`` (the same record
+        object in two groups of a batch starts a second one)."""
+        if shared.started >= self.n and self._shared.get(id(shared.record)) is shared:
+            del self._shared[id(shared.record)]
+
+    def _check_rows(self, rows: list[Trajectory]) -> None:
+        """Learn (first record) or check the workflow's rows per episode: 1 or ``n``."""
+        if self.rows_per_episode is None and len(rows) in (1, self.n):
+            self.rows_per_episode = len(rows)
+        if len(rows) != self.rows_per_episode:
+            expected = (
+                f"{self.rows_per_episode} as before"
+                if self.rows_per_episode is not None
+                else f"1 (one sample) or gconfig.n_samples={self.n} (the record's group)"
+            )
+            raise WorkflowError(
+                f"AReaL {self.name}: arun_episode returned {len(rows)} rows; expected {expected}"
+            )
+
     async def _first(self, engine: Any, record: dict[str, Any]) -> Trajectory | None:
-        loop = asyncio.get_running_loop()
-        shared = _Shared(record, loop.create_future())
+        shared = _Shared(record, asyncio.get_running_loop().create_future())
         self._shared[id(record)] = shared
+        self._close_if_full(shared)
         try:
             rows, stats = await self._run(engine, record, workflow_context.WorkflowContext())
+            if rows is not None:
+                self._check_rows(rows)
+                rows[0].info[_STATS] = stats
         except BaseException as exc:
             shared.rows.set_exception(exc)
-            shared.rows.exception()  # marked retrieved: the caller reports it
+            shared.rows.exception()  # marked retrieved: the group's episodes report it
             self._shared.pop(id(record), None)
             raise
-        if rows is not None:
-            if self.rows_per_episode is None:
-                if len(rows) not in (1, self.n):
-                    exc = WorkflowError(
-                        f"AReaL {self.name}: arun_episode returned {len(rows)} rows; expected 1 "
-                        f"(one sample) or gconfig.n_samples={self.n} (the record's group)"
-                    )
-                    shared.rows.set_exception(exc)
-                    raise exc
-                self.rows_per_episode = len(rows)
-            if len(rows) != self.rows_per_episode:
-                raise WorkflowError(
-                    f"AReaL {self.name}: arun_episode returned {len(rows)} rows after "
-                    f"{self.rows_per_episode} before"
-                )
-            rows[0].info[_STATS] = stats
         shared.rows.set_result(rows)
-        self._release(record, shared)
         return None if rows is None else rows[0]
-
-    def _release(self, record: dict[str, Any], shared: _Shared) -> None:
-        if shared.taken >= self.n:
-            self._shared.pop(id(record), None)
 
     @staticmethod
     def _one(rows: list[Trajectory] | None, stats: dict[str, list[float]]) -> Trajectory | None:
