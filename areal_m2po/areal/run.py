@@ -35,7 +35,9 @@ _PREFIX = "areal_m2po."
 class ArealAliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``areal`` and ``areal.*`` as the wing's modules of the same path."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "areal" and not fullname.startswith("areal."):
             return None
         try:

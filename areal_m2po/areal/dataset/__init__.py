@@ -85,8 +85,8 @@ def _gsm8k_rl(
         if "question" not in row or "answer" not in row:
             raise ValueError(f"gsm8k row {i}: needs 'question' and 'answer', has {sorted(row)}")
         content = str(row["question"]) + _BOX
-        too_long = tokenizer is not None and max_length is not None
-        if too_long and len(tokenizer.encode(content)) > max_length:
+        limit = max_length if tokenizer is not None else None
+        if limit is not None and len(tokenizer.encode(content)) > limit:
             continue
         rest = {k: v for k, v in row.items() if k != "question"}
         out.append({**rest, "messages": [{"role": "user", "content": content}]})

@@ -231,6 +231,5 @@ class PPOTrainer:
     def __enter__(self) -> PPOTrainer:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-        return False

@@ -82,6 +82,5 @@ class ArealSupervisedTrainer:
     def __enter__(self) -> ArealSupervisedTrainer:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self.close()
-        return False

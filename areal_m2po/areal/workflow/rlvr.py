@@ -76,6 +76,7 @@ class RLVRWorkflow(RolloutWorkflow):
             self.tokenizer
         )
         self.enable_thinking = enable_thinking
+        # a path is imported at the first episode (AReaL's order)
         self.async_reward_fn = None if isinstance(reward_fn, str) else AsyncRewardWrapper(reward_fn)
         self.get_input_ids_fn = _loaded(get_input_ids_fn)
         self.data_extract_prompt_fn = _loaded(data_extract_prompt_fn)
@@ -84,8 +85,8 @@ class RLVRWorkflow(RolloutWorkflow):
         """The episode's tensor dict, one row (see
         :mod:`areal_m2po.areal.api.workflow_api`)."""
         if self.async_reward_fn is None:
-            self.reward_fn = import_areal(str(self.reward_fn))
-            self.async_reward_fn = AsyncRewardWrapper(self.reward_fn)
+            fn = import_areal(str(self.reward_fn))
+            self.reward_fn, self.async_reward_fn = fn, AsyncRewardWrapper(fn)
         input_ids = list(
             self.get_input_ids_fn(
                 self.data_extract_prompt_fn(data), self.tokenizer, self.enable_thinking
