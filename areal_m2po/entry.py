@@ -89,9 +89,11 @@ def config_main(
 
 def _how_to_continue(cfg: Any) -> str:
     """The rest of the Ctrl-C line: what was kept and the command that continues, which
-    depends on whether a recover checkpoint was written (``recover.mode`` disabled: none)."""
+    depends on whether a recover checkpoint was written (``recover.mode`` disabled: none), and
+    on whether anything of a run was (interrupted during start-up: nothing to replace)."""
     import os
 
+    from areal_m2po.trainer.preflight import previous_run
     from areal_m2po.utils.recover import latest_checkpoint, recover_root
 
     output_dir = os.path.expanduser(str(getattr(cfg, "output_dir", "")))
@@ -100,6 +102,10 @@ def _how_to_continue(cfg: Any) -> str:
         return (
             "the metrics and checkpoints written so far are kept; recover.mode=auto resumes "
             f"from the last recover checkpoint, {last}"
+        )
+    if not output_dir or not previous_run(output_dir):
+        return (
+            f"no metrics or checkpoint were written in {output_dir}: the same command starts again"
         )
     return (
         f"the metrics written so far are kept in {output_dir}, but no recover checkpoint was "

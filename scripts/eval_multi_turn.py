@@ -43,12 +43,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from areal_m2po.api.cli_args import GenerationConfig
     from areal_m2po.api.engine_api import SamplingParams
+    from areal_m2po.api.errors import ConfigError
     from areal_m2po.api.workflow_api import WorkflowContext
     from areal_m2po.dataset.loader import build_prompts, load_records
     from areal_m2po.engine.builtin_models import resolve_model_path
     from areal_m2po.rollout.engines.hf import HFInProcessEngine
     from areal_m2po.rollout.workflows.multi_turn.evaluation import evaluate_multi_turn
+    from areal_m2po.trainer.preflight import check_model_path
+    from areal_m2po.utils.console import print_error
 
+    try:  # a missing model: one line, not transformers' traceback
+        check_model_path("--model", args.model, needs_model=True)
+    except ConfigError as exc:
+        print_error(exc)
+        return 2
     path = resolve_model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

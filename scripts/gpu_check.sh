@@ -15,6 +15,16 @@
 # The package need not be installed: the repository root goes on PYTHONPATH. Missing optional
 # packages (omegaconf, datasets, wandb, math-verify) are not needed by these commands.
 set -uo pipefail
+case "${1:-}" in
+    -h | --help)  # the comment block above, without its '# '
+        sed -n '2,/^set /{/^set /d;s/^# \{0,1\}//;p}' "$0"
+        exit 0
+        ;;
+    -*)
+        echo "gpu_check.sh: unknown option $1 (usage: scripts/gpu_check.sh [OUT_DIR]; --help)" >&2
+        exit 2
+        ;;
+esac
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT_DIR=${1:-${OUT:-outputs/gpu_check}}

@@ -243,7 +243,7 @@ def parse_argv(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _read_yaml_file(path: str) -> dict[str, Any]:
-    file = Path(path)
+    file = Path(os.path.expanduser(path))  # ``--config=~/x.yaml``: no shell expands that ~
     if not file.is_file():
         raise ConfigError(_CONFIG_KEY, f"no such config file: {path}")
     try:

@@ -24,3 +24,22 @@ servers are this package's own). The maths lives in
 :mod:`areal_m2po.algo` (pure torch); these modules only give it AReaL's names. Importing a
 module here loads nothing heavy beyond what its names need.
 """
+
+_TRAINERS = {
+    "PPOTrainer": "areal_m2po.areal.trainer.rl_trainer",
+    "SFTTrainer": "areal_m2po.areal.trainer.sft_trainer",
+    "RWTrainer": "areal_m2po.areal.trainer.rw_trainer",
+    "DPOTrainer": "areal_m2po.areal.trainer.dpo_trainer",
+}
+
+
+def __getattr__(name: str) -> object:
+    """AReaL's top-level names, loaded on first use: the trainers of ``_TRAINERS`` and
+    ``workflow_context`` (:mod:`.infra.workflow_context`)."""
+    import importlib
+
+    if name in _TRAINERS:
+        return getattr(importlib.import_module(_TRAINERS[name]), name)
+    if name == "workflow_context":
+        return importlib.import_module("areal_m2po.areal.infra.workflow_context")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@ Records are plain dicts with at least ``question`` (the prompt text) and ``answe
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -74,28 +75,41 @@ def _rename(
     return record
 
 
+def _read_text(path: str) -> str:
+    """The UTF-8 text of ``path``, a leading byte-order mark (as Windows tools write) dropped;
+    a one-line ``ValueError`` naming the file, line and byte when it is not UTF-8."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}, as Latin-1 or "
+            "Windows-1252 files have): save the file as UTF-8"
+        ) from None
+
+
 def _read_jsonl(path: str) -> list[tuple[str, Any]]:
     """(location, parsed object) per non-blank line of a JSON Lines file."""
     rows: list[tuple[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                rows.append((where, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
+    for line_no, line in enumerate(_read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            rows.append((where, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON ({exc.msg})") from exc
     return rows
 
 
 def _read_json(path: str) -> list[tuple[str, Any]]:
     """(location, object) per item of a JSON file holding a list of objects."""
-    with open(path, encoding="utf-8") as handle:
-        try:
-            data = json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from exc
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from exc
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
     return [(f"{path}: item {i}", item) for i, item in enumerate(data)]
@@ -111,12 +125,11 @@ def _read_parquet(path: str) -> list[tuple[str, Any]]:
 
 def _read_csv(path: str) -> list[tuple[str, Any]]:
     """(location, row) per data row of a CSV file with a header line (every value a string)."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        try:
-            return [(f"{path}:{reader.line_num}", dict(row)) for row in reader]
-        except csv.Error as exc:
-            raise ValueError(f"{path}:{reader.line_num}: invalid CSV ({exc})") from exc
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    try:
+        return [(f"{path}:{reader.line_num}", dict(row)) for row in reader]
+    except csv.Error as exc:
+        raise ValueError(f"{path}:{reader.line_num}: invalid CSV ({exc})") from exc
 
 
 def _read_saved(path: str, split: str) -> list[tuple[str, Any]]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from areal_m2po.api.cli_args import OptimizerConfig
 
-__all__ = ["build_optimizer", "lr_factor"]
+__all__ = ["apply_config", "build_optimizer", "lr_factor", "restore_schedule"]
 
 
 def build_optimizer(
@@ -56,6 +57,52 @@ def build_optimizer(
             schedule, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1)
         )
     return optimizer, scheduler
+
+
+def restore_schedule(
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    state: dict[str, Any] | None,
+    config: OptimizerConfig,
+) -> None:
+    """Load a recover checkpoint's scheduler ``state`` (if any) into ``scheduler``, after the
+    optimizer's state was loaded, then put this run's hyper-parameters back
+    (:func:`apply_config`): both states carry the checkpoint's. No-op without an optimizer."""
+    if scheduler is not None and state is not None:
+        scheduler.load_state_dict(state)
+    if optimizer is not None:
+        apply_config(optimizer, scheduler, config)
+
+
+def apply_config(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    config: OptimizerConfig,
+) -> None:
+    """Set ``config``'s ``lr``, ``weight_decay`` and ``(beta1, beta2)``, ``eps`` (AdamW) or
+    momentum ``beta1`` (SGD) into every param group, and ``lr`` as the scheduler's base rate,
+    keeping the schedule's position: the current rate becomes ``lr`` times the schedule's
+    factor at the scheduler's step. Loading an optimizer's or scheduler's state brings back the
+    values it was saved with; a resume that changed them calls this after loading."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = config.lr
+        group["weight_decay"] = config.weight_decay
+        if "betas" in group:
+            group["betas"] = (config.beta1, config.beta2)
+            group["eps"] = config.eps
+        elif "momentum" in group:
+            group["momentum"] = config.beta1
+    groups = optimizer.param_groups
+    if scheduler is None:
+        for group in groups:
+            group["lr"] = config.lr
+        return
+    scheduler.base_lrs = [config.lr for _ in groups]
+    factors = getattr(scheduler, "lr_lambdas", None)
+    step = scheduler.last_epoch
+    for i, group in enumerate(groups):
+        group["lr"] = config.lr * (factors[i](step) if factors else 1.0)
+    scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() answers
 
 
 def lr_factor(kind: str, step: int, warmup: int, total: int, min_lr_ratio: float) -> float:

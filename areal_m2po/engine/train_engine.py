@@ -27,7 +27,7 @@ from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.checked_forward import CheckedForwards
 from areal_m2po.engine.dropout import disable_dropout
 from areal_m2po.engine.forward import forward_logprobs
-from areal_m2po.engine.optim import build_optimizer
+from areal_m2po.engine.optim import build_optimizer, restore_schedule
 from areal_m2po.engine.precision import MixedPrecision, check_finite_weights, load_dtype
 from areal_m2po.engine.shared_prefix import HeadStore, forward_logprobs_shared_prefix
 from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
@@ -596,5 +596,5 @@ class HFTrainEngine:
                 self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.precision.load_state_dict(state.get("loss_scale"))
-        if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
+        sched, opt = state.get("scheduler"), self.config.optimizer  # and this run's lr, betas
+        restore_schedule(self.optimizer, self.scheduler, sched, opt)

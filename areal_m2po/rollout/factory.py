@@ -34,7 +34,7 @@ import torch
 
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.engine_api import InferenceEngine, SamplingParams
-from areal_m2po.api.workflow_api import WorkflowContext
+from areal_m2po.api.workflow_api import RolloutWorkflow, WorkflowContext
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.rollout.executor import RolloutExecutor, RolloutSetup
 from areal_m2po.rollout.rewards import RewardSources
@@ -81,6 +81,9 @@ class RolloutParts:
     model_config: Any
     generation_config: Any = None
     share_policy: bool = False
+    workflow: Callable[[WorkflowContext], RolloutWorkflow] | None = None
+    """Builds the workflow from its context instead of ``rollout.workflow`` (a trainer built
+    from Python with a workflow object); None: the config's."""
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
@@ -144,13 +147,18 @@ def build_rollout(cfg: PPOConfig, parts: RolloutParts) -> RolloutExecutor:
         max_episode_tokens=cfg.episode_budget,
         agent_config=roll.agent,
     )
-    workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
+    if parts.workflow is not None:
+        workflow = parts.workflow(context)
+    else:
+        workflow = build_workflow(roll.workflow, roll.workflow_kwargs, context)
+    # a workflow given from Python is named by itself in the executor's one-line errors
+    name = roll.workflow if parts.workflow is None else getattr(workflow, "name", "workflow")
     setup = RolloutSetup(
         engine,
         workflow,
         context,
         _pad_id(parts.tokenizer, eos_ids),
-        roll.workflow,
+        name,
         roll.episode_timeout_s,
     )
     if roll.mode == "async":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -115,15 +116,8 @@ class RecoverCheckpoints:
         path = dist.broadcast_object(path)
         if path is None and mode == "disabled" and self.is_main:
             self._stale = [p for _, p in recover.list_checkpoints(self.root)]
-            if self._stale and self.overwrite:
-                for stale in self._stale:
-                    shutil.rmtree(stale, ignore_errors=True)
-                logger.warning(
-                    "overwrite_output_dir: deleted the %d recover checkpoint(s) of the run "
-                    "this one replaces",
-                    len(self._stale),
-                )
-                self._stale = []
+            if self.overwrite:
+                self._remove_replaced_run()
             elif self._stale:
                 logger.warning(
                     "starting fresh: the %d recover checkpoint(s) in %s are deleted at the "
@@ -132,6 +126,26 @@ class RecoverCheckpoints:
                     self.root,
                 )
         return path
+
+    def _remove_replaced_run(self) -> None:
+        """``overwrite_output_dir``: delete the recover checkpoints and the saved models
+        (``checkpoints/step_<N>``, ``checkpoints/final``) of the run this one replaces, so that
+        none of them passes for this run's."""
+        saved = os.path.join(os.path.dirname(self.root), "checkpoints")
+        names = os.listdir(saved) if os.path.isdir(saved) else []
+        models = [
+            os.path.join(saved, n) for n in names if n == "final" or re.fullmatch(r"step_\d+", n)
+        ]
+        for old in [*self._stale, *models]:
+            shutil.rmtree(old, ignore_errors=True)
+        if self._stale or models:
+            logger.warning(
+                "overwrite_output_dir: deleted the %d recover checkpoint(s) and %d saved "
+                "model(s) of the run this one replaces",
+                len(self._stale),
+                len(models),
+            )
+        self._stale = []
 
     def load(self, path: str, loaders: PartLoaders) -> None:
         """Check ``path`` against this run and hand each part to its loader (this rank's entry

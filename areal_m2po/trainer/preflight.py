@@ -83,8 +83,9 @@ from areal_m2po.engine.builtin_models import (
     TINY_NAME,
     check_builtin_packages,
 )
+from areal_m2po.reward.head_check import check_score_head
+from areal_m2po.trainer.resume_check import check_resumable
 from areal_m2po.utils import recover
-from areal_m2po.utils.config_changes import changed_training_keys, config_record, describe
 from areal_m2po.utils.extras import EXTRAS, require_extra
 from areal_m2po.utils.stats_logger import check_wandb_login
 
@@ -94,6 +95,7 @@ __all__ = [
     "check_engine_launch",
     "check_extras",
     "check_launch",
+    "check_model_path",
     "check_output_dir",
     "check_output_path",
     "check_paths",
@@ -252,9 +254,11 @@ def check_paths(config: Any) -> None:
             if shutil.which(value) is None:
                 raise ConfigError(key, f"{value} is not an executable file (nor on PATH)")
         else:
-            _check_model_path(key, value, needs_model=kind != "tokenizer")
+            check_model_path(key, value, needs_model=kind != "tokenizer")
             if kind == "trained":
                 _check_not_an_adapter(key, value)
+            elif key == "reward.model.path":
+                check_score_head(key, value)
 
 
 def _check_not_an_adapter(key: str, path: str) -> None:
@@ -292,7 +296,8 @@ def _first_part_is_a_folder(path: str) -> bool:
     return bool(sep and first) and os.path.isdir(first)
 
 
-def _check_model_path(key: str, path: str, needs_model: bool) -> None:
+def check_model_path(key: str, path: str, needs_model: bool) -> None:
+    """Raise :class:`ConfigError` naming ``key`` for a model ``path`` that cannot be had."""
     if path.startswith(BUILTIN_PREFIX):
         if path[len(BUILTIN_PREFIX) :] not in _BUILTIN_MODELS:
             known = ", ".join(BUILTIN_PREFIX + n for n in _BUILTIN_MODELS)
@@ -428,7 +433,7 @@ def check_output_dir(config: Any, world: int) -> None:
             raise ConfigError("recover.mode", str(exc)) from None
         if path is not None:
             try:
-                _check_resumable(path, config, world)
+                check_resumable(path, config, world)
             except recover.RecoverError as exc:
                 raise ConfigError(
                     "recover.mode",
@@ -448,40 +453,6 @@ def check_output_dir(config: Any, world: int) -> None:
         "output_dir",
         f"{out} already holds a run ({', '.join(found)}); {how}set overwrite_output_dir=true "
         "to replace it, or choose another output_dir",
-    )
-
-
-def _check_resumable(path: str, config: Any, world: int) -> None:
-    """The checkpoint ``path`` against this run: its format, number of processes, the config
-    items its ``meta.json`` says must not change, and the training keys of the whole config
-    it recorded (``run_config``; older checkpoints have none), which may differ only with
-    ``recover.allow_changed_keys``."""
-    meta = recover.read_meta(path, world, {})
-    saved = meta.get("config", {})
-    current = {}
-    for key in saved:
-        value: Any = config
-        for part in key.split("."):
-            value = getattr(value, part, None)
-        current[key] = value
-    recover.read_meta(path, world, current)
-    recover.check_steps_left(path, meta, getattr(config, "total_train_steps", None))
-    recorded = meta.get("run_config")
-    if not isinstance(recorded, dict):
-        return
-    changes = changed_training_keys(recorded, config_record(config))
-    if not changes:
-        return
-    if config.recover.allow_changed_keys:
-        logger.warning(
-            "recover.allow_changed_keys: resuming %s with changed training keys: %s",
-            path,
-            describe(changes),
-        )
-        return
-    raise recover.RecoverError(
-        f"recover checkpoint {path} was written with other training keys: "
-        f"{describe(changes)}; recover.allow_changed_keys=true resumes with the new values"
     )
 
 

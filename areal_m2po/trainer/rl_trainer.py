@@ -36,6 +36,7 @@ import torch
 
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ConfigError, PPOConfig, TrainEngineConfig
+from areal_m2po.api.workflow_api import RolloutWorkflow, WorkflowContext
 from areal_m2po.rollout.executor import RolloutExecutor
 from areal_m2po.rollout.workflows import BUILTIN_WORKFLOWS
 from areal_m2po.trainer.checkpoints import RecoverCheckpoints
@@ -93,6 +94,13 @@ class RLTrainer(RecoverableStepLoop):
             (:class:`~areal_m2po.trainer.ppo.loss_fn.ActorLossFn`), instead of naming one in
             ``actor.loss_fn`` (setting both is refused); None: the config's.
         callbacks: step callbacks (:class:`~areal_m2po.api.callbacks.StepCallback`) of each phase.
+        prompts: ``(train, valid)`` records to train and evaluate on instead of reading
+            ``train_dataset`` / ``valid_dataset`` (each a dict with ``question``, ``answer``,
+            ``prompt_ids`` and ``prompt_text``, as :func:`~areal_m2po.dataset.build_prompts`
+            makes them); None: the config's datasets.
+        workflow: builds the rollout workflow from its
+            :class:`~areal_m2po.api.workflow_api.WorkflowContext` instead of
+            ``rollout.workflow``; None: the config's.
     """
 
     share_rollout_policy: bool = True
@@ -105,8 +113,11 @@ class RLTrainer(RecoverableStepLoop):
         *,
         actor_loss_fn: ActorLossFn | None = None,
         callbacks: Sequence[StepCallback] = (),
+        prompts: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] | None = None,
+        workflow: Callable[[WorkflowContext], RolloutWorkflow] | None = None,
     ) -> None:
         self.config = cfg = config
+        self._given_prompts, self._given_workflow = prompts, workflow
         if actor_loss_fn is not None and cfg.actor.loss_fn is not None:
             raise ConfigError(
                 "actor.loss_fn",
@@ -123,9 +134,10 @@ class RLTrainer(RecoverableStepLoop):
 
             # user code first: a reward module that does not import stops the run in a second
             self.reward_fn = load_reward_fn(cfg.reward.path, "reward.path")
-            if cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
+            if workflow is None and cfg.rollout.workflow not in BUILTIN_WORKFLOWS:
                 load_object(cfg.rollout.workflow, "rollout.workflow")
-            _load_agent_early(cfg.rollout)
+            if workflow is None:
+                _load_agent_early(cfg.rollout)
             # the actor's loss and advantage estimator, loaded once here and handed to the actor
             self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
             critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
@@ -182,12 +194,16 @@ class RLTrainer(RecoverableStepLoop):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
-        self.train_prompts = load_prompt_dataset(
-            cfg.train_dataset, self.tokenizer, cfg.seed, "train"
-        )
-        self.valid_prompts = load_prompt_dataset(
-            cfg.valid_dataset, self.tokenizer, cfg.seed, "valid"
-        )
+        if self._given_prompts is not None:
+            self.train_prompts = list(self._given_prompts[0])
+            self.valid_prompts = list(self._given_prompts[1])
+        else:
+            self.train_prompts = load_prompt_dataset(
+                cfg.train_dataset, self.tokenizer, cfg.seed, "train"
+            )
+            self.valid_prompts = load_prompt_dataset(
+                cfg.valid_dataset, self.tokenizer, cfg.seed, "valid"
+            )
         self.loader, self.total_steps = epoch_loader(self.train_prompts, cfg)
         self.reward_runner = RewardRunner(
             self.reward_fn, cfg.reward.timeout_s, cfg.reward.max_workers, cfg.reward.path
@@ -319,6 +335,7 @@ class RLTrainer(RecoverableStepLoop):
             model_config=engine.unwrapped.config,
             generation_config=getattr(engine.unwrapped, "generation_config", None),
             share_policy=share,
+            workflow=self._given_workflow,
         )
         return build_rollout(self.config, parts)
 

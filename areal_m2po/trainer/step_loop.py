@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.api.errors import NonFiniteTrainingError, RunError, RunStopped
+from areal_m2po.api.errors import ConfigError, NonFiniteTrainingError, RunError, RunStopped
 from areal_m2po.trainer.cadence import Cadence
 from areal_m2po.trainer.run_setup import EXIT_BAD_INPUT, build_or_report, write_run_config
 from areal_m2po.utils import dist, recover
@@ -45,6 +45,13 @@ def epoch_loader(items: Sequence[Any], config: Any) -> tuple[Any, int]:
     from areal_m2po.dataset import PromptLoader
 
     dataset = config.train_dataset
+    if dataset.drop_last and dataset.batch_size > len(items):
+        raise ConfigError(
+            "train_dataset.batch_size",
+            f"{dataset.batch_size} is more than the {len(items)} records of "
+            f"train_dataset.path={dataset.path}, so no whole batch can be drawn; lower "
+            "train_dataset.batch_size or add data",
+        )
     loader = PromptLoader(
         list(items),
         batch_size=dataset.batch_size,

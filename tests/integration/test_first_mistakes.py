@@ -251,7 +251,7 @@ def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path):
     config = (out / "config.yaml").read_text()
     line = _only_line(_run("train_sft", *_sft(out, *recover, "seed=4")))
     assert line.startswith("error: recover.mode: recover checkpoint ")
-    assert "belongs to a different run: seed=3 (now 4)" in line
+    assert "was written with seed 3 -> 4, which cannot change on a resume" in line
     assert (out / "config.yaml").read_text() == config
     # recover.mode=resume without a checkpoint is refused at start-up as well
     line = _only_line(_run("train_sft", *_sft(tmp_path / "new", "recover.mode=resume")))

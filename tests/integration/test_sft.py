@@ -358,4 +358,4 @@ def test_resume_refuses_another_dataset(tmp_path, capsys):
     assert run(make_cfg(tmp_path, steps=1)) == 0
     other = make_cfg(tmp_path, steps=2, seed=4)
     assert run(other) == 2  # refused at start-up, before any model loads
-    assert "belongs to a different run: seed=3 (now 4)" in capsys.readouterr().err
+    assert "was written with seed 3 -> 4, which cannot change" in capsys.readouterr().err

@@ -35,3 +35,21 @@ async def gated_two_turn_agent(base_url: str, api_key: str, record: dict[str, An
             raise TimeoutError(f"the gate {os.environ['AGENT_GATE']} never opened")
         await asyncio.sleep(0.1)
     return await two_turn_agent(base_url, api_key, record)
+
+
+class DefaultClientAgent:
+    """AReaL's ``mode: subproc`` contract with the client docs/agents.md names: a default
+    ``openai.AsyncOpenAI()`` (from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``), never closed.
+    Each episode first collects garbage, as a busy agent's allocations would, so the last
+    episode's client is finalised now, in this episode's event loop."""
+
+    async def run(self, data: dict[str, Any], **extra_kwargs: Any) -> float:
+        import gc
+
+        gc.collect()
+        client = openai.AsyncOpenAI()
+        reply = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": data["question"]}]
+        )
+        text = reply.choices[0].message.content or ""
+        return sum(ch.isdigit() for ch in text) / max(1, len(text))

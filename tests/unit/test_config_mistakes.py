@@ -156,3 +156,12 @@ def test_a_lora_adapter_folder_is_refused_as_a_model_to_train(tmp_path):
     sft = load_config([f"model.path={adapter}"], SFTConfig)
     with pytest.raises(ConfigError, match=r"^model\.path: .* set model\.path to its base model"):
         check_paths(sft)
+
+
+@pytest.mark.parametrize("form", ["--config=~/run.yaml", "--config ~/run.yaml"])
+def test_a_tilde_in_config_is_the_home_folder(tmp_path, monkeypatch, form) -> None:
+    """Issue 57: docs/mistakes.md said ``~`` in ``--config`` was expanded; it was not, and
+    ``--config=~/...`` is a word no shell expands."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run.yaml").write_text("seed: 11\n")
+    assert load_config(form.split(" ")).seed == 11

@@ -106,6 +106,36 @@ def test_load_jsonl_malformed_line_reports_location(tmp_path) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_a_latin1_byte_names_the_file_and_line(tmp_path) -> None:
+    """Issue 57: it was "'utf-8' codec can't decode byte 0xe9 in position 17", no file."""
+    path = tmp_path / "data.jsonl"
+    good = json.dumps({"question": "q", "answer": "1"}).encode()
+    path.write_bytes(good + b"\n" + good + b'\n{"question": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError) as info:
+        load_records(str(path))
+    assert str(info.value) == (
+        f"{path}:3: not UTF-8 text (byte 0xe9, as Latin-1 or Windows-1252 files have): "
+        "save the file as UTF-8"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("data.jsonl", '{"question": "q0", "answer": "0"}\n{"question": "q1", "answer": "1"}\n'),
+        ("data.json", '[{"question": "q0", "answer": "0"}, {"question": "q1", "answer": "1"}]'),
+        ("data.csv", "question,answer\nq0,0\nq1,1\n"),
+    ],
+)
+def test_a_byte_order_mark_is_read_past(tmp_path, name, text) -> None:
+    """Issue 57: a UTF-8 BOM (Windows editors write one) made line 1 invalid JSON, and a CSV's
+    first column 'question' unknown."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    records = load_records(str(path))
+    assert [(r["question"], r["answer"]) for r in records] == [("q0", "0"), ("q1", "1")]
+
+
 def test_load_jsonl_missing_field(tmp_path) -> None:
     lines = [json.dumps({"question": "q", "answer": "1"})] * 6 + [json.dumps({"answer": "2"})]
     path = _write_jsonl(tmp_path / "data.jsonl", lines)
@@ -344,3 +374,17 @@ def test_tilde_expands_in_a_dataset_path(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "d.jsonl").write_text('{"question": "q", "answer": "a"}\n', encoding="utf-8")
     assert load_records("~/d.jsonl")[0]["question"] == "q"
+
+
+def test_a_batch_larger_than_the_data_names_train_dataset_batch_size() -> None:
+    """Issue 57: the line said "batch_size=8 is larger than the dataset", not which key."""
+    from areal_m2po.api.cli_args import ConfigError, DatasetConfig, PPOConfig
+    from areal_m2po.trainer.step_loop import epoch_loader
+
+    cfg = PPOConfig(train_dataset=DatasetConfig(path="d.jsonl", batch_size=8))
+    with pytest.raises(ConfigError) as info:
+        epoch_loader([{"question": str(i)} for i in range(6)], cfg)
+    assert str(info.value) == (
+        "train_dataset.batch_size: 8 is more than the 6 records of train_dataset.path=d.jsonl, "
+        "so no whole batch can be drawn; lower train_dataset.batch_size or add data"
+    )

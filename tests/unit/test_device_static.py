@@ -48,6 +48,8 @@ HOST_TENSORS: dict[str, tuple[int, str]] = {
     "engine/step_stats.py": (1, _COMM),
     "reward/reward_model.py": (7, "host batches of token lists and host scores"),
     "utils/data.py": (2, _HOST_IDX),
+    "areal/trainer/episodes.py": (2, "AReaL's host tensor dict of a group (dynamic_filter_fn)"),
+    "areal/workflow/rlvr.py": (6, "AReaL's episode dict: host tensors, as AReaL returns them"),
     "dataset/sft.py": (7, _HOST_BATCH),
 }
 """File under areal_m2po/ -> (how many constructors without ``device=`` it holds, why they

@@ -82,10 +82,12 @@ def test_a_budget_past_the_models_positions_is_refused(tmp_path: Path) -> None:
 
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
     cfg = load_config([f"actor.path={tmp_path}", "train_dataset.max_prompt_length=64"])
-    with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings") as caught:
+    with pytest.raises(
+        ConfigError, match="more than the model's max_position_embeddings"
+    ) as caught:
         check_config(cfg)  # a start-up check: building the config read no file
-    assert caught.value.key == "rollout.max_episode_tokens"
-    assert "(128, " in str(caught.value) and "64 +" not in str(caught.value)
+    assert caught.value.key == "valid_dataset.max_prompt_length"  # its default fills 128
+    assert "(128, " in str(caught.value) and str(caught.value).endswith("; set it at most 112")
     assert f"{tmp_path}/config.json" in str(caught.value)
     cfg = load_config(
         [f"actor.path={tmp_path}", "train_dataset.max_prompt_length=64"]
@@ -104,8 +106,9 @@ def test_the_rollout_factory_applies_the_same_positions_rule() -> None:
     check_model_positions(cfg, SimpleNamespace(max_position_embeddings=80))  # 64 + 16 fits
     with pytest.raises(ConfigError) as caught:
         check_model_positions(cfg, SimpleNamespace(max_position_embeddings=79))
-    assert caught.value.key == "rollout.max_episode_tokens"
-    assert "the episode budget 80 (" in str(caught.value) and "(79, " in str(caught.value)
+    assert caught.value.key == "gconfig.max_new_tokens"
+    assert "need 80 positions" in str(caught.value) and "(79, " in str(caught.value)
+    assert "set gconfig.max_new_tokens to at most 15 (or lower " in str(caught.value)
     check_model_positions(cfg, SimpleNamespace())  # a config without the number: no rule
 
 
@@ -147,3 +150,35 @@ def test_multi_turn_total_defaults_to_the_budget_and_may_not_exceed_it() -> None
     assert wf.max_total_tokens == 200
     with pytest.raises(ValueError, match=r"max_total_tokens: 301 exceeds the episode budget"):
         MultiTurnWorkflow(ctx, environment="calculator", max_total_tokens=301)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix"),
+    [
+        (["gconfig.max_new_tokens=100000"], "gconfig.max_new_tokens", "100"),
+        (["rollout.max_episode_tokens=1000"], "rollout.max_episode_tokens", "128"),
+        (
+            ["gconfig.max_new_tokens=100000", "rollout.max_episode_tokens=100028"],
+            "gconfig.max_new_tokens",
+            "100",
+        ),
+        (["train_dataset.max_prompt_length=200"], "train_dataset.max_prompt_length", "120"),
+    ],
+)
+def test_the_positions_advice_when_followed_passes(tmp_path: Path, overrides, key, fix) -> None:
+    """Issue 57: a huge gconfig.max_new_tokens was told to lower rollout.max_episode_tokens,
+    and that, set, was told to be at least prompt + max_new_tokens. The key named and the
+    value advised (here: at most 128 positions, prompts of 28) must make the check pass."""
+    from areal_m2po.trainer.preflight import check_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    base = [f"actor.path={tmp_path}", "gconfig.max_new_tokens=8"]
+    base += ["train_dataset.max_prompt_length=28", "valid_dataset.max_prompt_length=28"]
+    with pytest.raises(ConfigError) as caught:
+        check_config(load_config(base + overrides))
+    assert caught.value.key == key, str(caught.value)
+    assert f"at most {fix}" in str(caught.value)
+    fixed = [o for o in overrides if not o.startswith(key)] + [f"{key}={fix}"]
+    if key == "gconfig.max_new_tokens" and any("max_episode" in o for o in overrides):
+        fixed = [f"{key}={fix}"]  # then rollout.max_episode_tokens is named next; null it
+    check_config(load_config(base + fixed))

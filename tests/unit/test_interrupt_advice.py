@@ -28,6 +28,8 @@ def _line(capsys: pytest.CaptureFixture[str], out: Path) -> str:
 
 
 def test_without_a_recover_checkpoint_resuming_is_not_advised(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
     line = _line(capsys, tmp_path / "run")
     assert "recover.mode=auto resumes" not in line
     assert "no recover checkpoint was written" in line and "cannot be resumed" in line
@@ -40,3 +42,17 @@ def test_with_a_recover_checkpoint_resuming_names_it(tmp_path, capsys):
     (step / "meta.json").write_text("{}")
     line = _line(capsys, tmp_path / "run")
     assert line.endswith(f"recover.mode=auto resumes from the last recover checkpoint, {step}")
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_interrupted_during_start_up_the_same_command_starts_again(tmp_path, capsys, made):
+    """Issue 57: Ctrl-C while the models loaded advised overwrite_output_dir=true for a folder
+    that was never made (or holds nothing of a run)."""
+    if made:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.yaml").write_text("seed: 1\n")
+    line = _line(capsys, tmp_path / "run")
+    assert "overwrite_output_dir" not in line and "recover.mode" not in line
+    assert line.endswith(
+        f"no metrics or checkpoint were written in {tmp_path / 'run'}: the same command starts again"
+    )

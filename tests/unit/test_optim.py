@@ -117,3 +117,31 @@ def test_min_lr_ratio_out_of_range_is_refused() -> None:
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="min_lr_ratio"):
             OptimizerConfig(min_lr_ratio=bad)
+
+
+def test_a_resume_takes_this_runs_hyperparameters_at_the_schedules_position() -> None:
+    """Issue 57: loading a checkpoint's optimizer and scheduler state brought back its lr, betas,
+    eps and weight decay; restore_schedule puts the new config's back, the schedule's step
+    kept. Linear decay over 10 steps, no warm-up: at step 4 the factor is 1 - 4/10 = 0.6."""
+    from areal_m2po.engine.optim import restore_schedule
+
+    old = OptimizerConfig(lr=1e-3, lr_scheduler_type="linear", beta1=0.9, weight_decay=0.0)
+    p = torch.nn.Parameter(torch.zeros(2))
+    optimizer, scheduler = build_optimizer([p], old, total_steps=10)
+    _lrs(optimizer, scheduler, 4)
+    saved = (optimizer.state_dict(), scheduler.state_dict())
+
+    new = OptimizerConfig(
+        lr=2e-3, lr_scheduler_type="linear", beta1=0.5, beta2=0.9, eps=1e-5, weight_decay=0.1
+    )
+    q = torch.nn.Parameter(torch.zeros(2))
+    optimizer, scheduler = build_optimizer([q], new, total_steps=10)
+    optimizer.load_state_dict(saved[0])
+    restore_schedule(optimizer, scheduler, saved[1], new)
+    (group,) = optimizer.param_groups
+    assert group["lr"] == pytest.approx(2e-3 * 0.6)
+    assert scheduler.get_last_lr() == [pytest.approx(2e-3 * 0.6)]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.5, 0.9), 1e-5, 0.1)
+    optimizer.step()
+    scheduler.step()  # the next step: 1 - 5/10 of the new rate
+    assert group["lr"] == pytest.approx(2e-3 * 0.5)

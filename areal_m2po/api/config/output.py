@@ -75,9 +75,12 @@ class RecoverConfig:
     keep_last: int = config_field(2, "Recover checkpoints kept.")
     allow_changed_keys: bool = config_field(
         False,
-        "Resume even though training keys (the loss and its coefficients, learning rate, "
-        "thresholds, lengths, data, model) differ from the recover checkpoint's; config.yaml "
-        "then names each change. false: such a resume is refused, naming the keys.",
+        "Resume even though training keys (the loss and its coefficients, the optimizer's "
+        "lr, betas, eps and weight decay, thresholds, lengths, the reward) differ from the "
+        "recover checkpoint's, and train with the new values; config.yaml then names each "
+        "change. The model (actor.path, critic.path, model.path, lora), optimizer.type, seed "
+        "and train_dataset.* cannot change on a resume: refused even then. false: such a "
+        "resume is refused, naming the keys.",
     )
 
     def __post_init__(self) -> None:

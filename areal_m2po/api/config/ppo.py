@@ -101,13 +101,31 @@ class PPOConfig(BaseExperimentConfig):
         read from ``source`` (its ``config.json`` at start-up, or the loaded model's config).
         A value check: the caller reads the number."""
         budget = self.episode_budget
-        if isinstance(positions, int) and not isinstance(positions, bool) and budget > positions:
+        if not isinstance(positions, int) or isinstance(positions, bool) or budget <= positions:
+            return
+        origin = self._budget_origin()
+        model = f"the model's max_position_embeddings ({positions}, {source})"
+        key, prompt = self._longest_prompt()
+        new = self.gconfig.max_new_tokens
+        if origin == "gconfig.max_tokens" or (
+            origin == "rollout.max_episode_tokens" and prompt + new <= positions
+        ):  # lowering the key that set the budget is enough
             raise ConfigError(
-                "rollout.max_episode_tokens",
-                f"the episode budget {budget} ({self._budget_origin()}) exceeds the model's "
-                f"max_position_embeddings ({positions}, {source}); set "
-                "rollout.max_episode_tokens (or the datasets' max_prompt_length) lower",
+                origin, f"the episode budget {budget} exceeds {model}; set at most {positions}"
             )
+        # a prompt and a turn do not fit: only shorter ones do
+        need = f"a prompt of {key} ({prompt}) and a turn of gconfig.max_new_tokens ({new})"
+        need = f"{need} need {prompt + new} positions, more than {model}"
+        if positions - prompt >= 1:
+            fix = f"set gconfig.max_new_tokens to at most {positions - prompt} (or lower {key})"
+            raise ConfigError("gconfig.max_new_tokens", f"{need}; {fix}")
+        half = positions // 2
+        fix = (
+            f"set it at most {positions - new}"
+            if positions - new >= 1
+            else (f"set it at most {positions - half} and gconfig.max_new_tokens at most {half}")
+        )
+        raise ConfigError(key, f"{need}; {fix}")
 
     def _check_episode_budget(self) -> None:
         """The episode budget holds a prompt and a turn, and fits vLLM's context (the model's

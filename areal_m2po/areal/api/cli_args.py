@@ -17,8 +17,23 @@ from typing import Any
 
 from areal_m2po.algo.seqpack import PACKING_ALGORITHMS
 from areal_m2po.api.cli_args import ActorConfig as PPOActorConfig
+from areal_m2po.api.cli_args import DPOConfig, RWConfig, SFTConfig
+from areal_m2po.areal.api.expr_config import GRPOConfig, PPOConfig, load_expr_config
+from areal_m2po.areal.api.generation import GenerationHyperparameters
 
-__all__ = ["MicroBatchSpec", "NormConfig", "PPOActorConfig", "RejectionSamplingConfig"]
+__all__ = [
+    "DPOConfig",
+    "GRPOConfig",
+    "GenerationHyperparameters",
+    "MicroBatchSpec",
+    "NormConfig",
+    "PPOActorConfig",
+    "PPOConfig",
+    "RWConfig",
+    "RejectionSamplingConfig",
+    "SFTConfig",
+    "load_expr_config",
+]
 
 _LEVELS = ("batch", "group", None)
 

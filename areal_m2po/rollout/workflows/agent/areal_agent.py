@@ -23,6 +23,7 @@ group dropped, ``rollout/n_episode_timeouts``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import inspect
 import logging
@@ -123,7 +124,30 @@ def run_in_subprocess(target: Any, data: dict[str, Any], env: dict[str, str]) ->
     ``openai.AsyncOpenAI()`` reaches the session."""
     os.environ.update(env)
     run = target if inspect.isfunction(target) else target.run
-    return asyncio.run(run(data))
+    return asyncio.run(_run_and_close_clients(run, data))
+
+
+_CLOSE_WAIT_S = 5.0
+"""How long a worker waits for the agent's unclosed clients to close after an episode."""
+
+
+async def _run_and_close_clients(run: Callable[..., Any], data: dict[str, Any]) -> Any:
+    """``await run(data)``, then the clients it left open closed on this loop, before
+    ``asyncio.run`` closes it: an ``openai.AsyncOpenAI()`` that is not closed schedules its
+    ``aclose`` when collected, and collected in a later episode's loop it closed its
+    connections on this (closed) one, a 22-line "Event loop is closed" traceback each."""
+    try:
+        return await run(data)
+    finally:
+        gc.collect()  # the unreachable clients: their __del__ schedules aclose here
+        closing = [t for t in asyncio.all_tasks() if _closes(t) and t is not asyncio.current_task()]
+        if closing:
+            await asyncio.wait(closing, timeout=_CLOSE_WAIT_S)
+
+
+def _closes(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` runs a client's ``aclose`` (httpx's, as openai's client schedules it)."""
+    return getattr(task.get_coro(), "__qualname__", "").endswith("aclose")
 
 
 def discounted_rewards(own: list[float | None], discount: float) -> list[float]:

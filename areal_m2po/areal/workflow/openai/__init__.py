@@ -1,0 +1,1 @@
+"""AReaL's OpenAI-client agents (``areal.workflow.openai``)."""
