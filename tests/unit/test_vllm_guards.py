@@ -51,7 +51,7 @@ class _Worker(WeightReloadExtension):
     """The extension's ``self``: a served model of two tensors that records its reloads."""
 
     def __init__(self) -> None:
-        self._areal_names = {"a", "b"}
+        self._areal_shapes = {"a": (2, 2), "b": (3,)}
         self.reloaded: list[str] = []
 
     def reload_weights(self, weights_iterator) -> None:
