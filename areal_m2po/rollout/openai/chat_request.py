@@ -216,12 +216,11 @@ def _stop(raw: Any) -> tuple[str, ...]:
     stops = [raw] if isinstance(raw, str) else raw
     if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS:
         raise ChatRequestError(
-            "stop", f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them"
+            "stop",
+            f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} stop strings",
         )
     if not all(isinstance(s, str) and s for s in stops):
         raise ChatRequestError("stop", "must be a non-empty string or a list of them")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ChatRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
     for i, stop in enumerate(stops):
         if len(stop) > MAX_STOP_CHARS:
             raise ChatRequestError(

@@ -13,6 +13,7 @@ needs more tokens than the budget leaves is refused without tokenising it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -46,22 +47,31 @@ million tokens: far beyond any context the trainer generates in."""
 def check_unicode(value: Any, where: str) -> str | None:
     """The path (``messages[3].content``) of the first string, key or value, in ``value`` that
     is not valid Unicode, or None. Iterative (no depth limit) and linear in the size of
-    ``value``: each element is visited once and costs O(1) memory (a link to its parent); the
-    path is spelled out only for the string that fails."""
-    stack: list[tuple[Any, _Link | None]] = [(value, None)]
+    ``value``: each element is visited once, the memory held is one frame per level of
+    nesting, and the path is spelled out only for the string that fails."""
+    if isinstance(value, str):
+        return None if _encodable(value) else where
+    if not isinstance(value, (list, dict)):
+        return None
+    stack: list[tuple[Iterator[tuple[Any, Any]], _Link | None]] = [(_items(value), None)]
     while stack:
-        item, link = stack.pop()
-        if isinstance(item, str):
-            if not _encodable(item):
-                return _path(where, link)
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                if isinstance(key, str) and not _encodable(key):
-                    return f"{_path(where, link)} (a key)"
-                stack.append((sub, (link, key)))
-        elif isinstance(item, list):
-            stack.extend((sub, (link, i)) for i, sub in enumerate(item))
+        items, link = stack[-1]
+        for key, sub in items:
+            if isinstance(key, str) and not _encodable(key):
+                return f"{_path(where, link)} (a key)"
+            if isinstance(sub, str):
+                if not _encodable(sub):
+                    return _path(where, (link, key))
+            elif isinstance(sub, (list, dict)):
+                stack.append((_items(sub), (link, key)))
+                break
+        else:
+            stack.pop()
     return None
+
+
+def _items(container: list[Any] | dict[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
 
 
 _Link = tuple[Any, Any]
