@@ -10,9 +10,12 @@ swapped, rewritten or cut short while it loads. :func:`read_safetensors` therefo
   mapping kills the process with SIGBUS) and refuses a file whose size, modification or change
   time differs after the read from before it, or that holds more or fewer bytes than it said
   (:class:`WeightFileChanged`, a ValueError: the server answers 4xx and keeps its weights);
-* parses the bytes with ``safetensors.torch.load``; the version stamp comes from the same bytes.
+* parses the bytes itself (the safetensors layout: an 8-byte header length, a JSON header of
+  each tensor's dtype, shape and byte range, then the data): every tensor is a view of the one
+  buffer read, checked to lie inside it with the size its shape says, so a load holds the file
+  once in memory; the version stamp comes from the same bytes.
 
-It imports only the standard library, torch, safetensors and :mod:`.guard`, so the vLLM worker
+It imports only the standard library, torch and :mod:`.guard`, so the vLLM worker
 extension uses it from vLLM's own environment.
 """
 
@@ -106,8 +109,8 @@ def _open_checked(path: str, root: str | None) -> tuple[int, str]:
         raise
 
 
-def _metadata(data: bytes | bytearray, path: str) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file's bytes (ValueError for a bad header)."""
+def _header(data: bytearray, path: str) -> tuple[dict[str, Any], int]:
+    """(the JSON header of a safetensors file's bytes, where its data starts)."""
     if len(data) < 8:
         raise ValueError(f"{path}: not a readable safetensors file (shorter than its header)")
     (n,) = struct.unpack("<Q", bytes(data[:8]))
@@ -117,16 +120,64 @@ def _metadata(data: bytes | bytearray, path: str) -> dict[str, str]:
         header = json.loads(bytes(data[8 : 8 + n]))
     except (ValueError, RecursionError):
         raise ValueError(f"{path}: not a readable safetensors file (header not JSON)") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a readable safetensors file (header not an object)")
+    return header, 8 + n
+
+
+def _dtypes() -> dict[str, Any]:
+    import torch
+
+    names = {
+        "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+        "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "U16": "uint16", "U32": "uint32", "U64": "uint64",
+    }  # fmt: skip
+    return {k: getattr(torch, v) for k, v in names.items() if hasattr(torch, v)}
+
+
+def _tensors(data: bytearray, path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(name -> tensor, metadata) of a safetensors file's bytes; the tensors are views of
+    ``data`` (no copy), each checked to lie inside it with the size its shape and dtype say."""
+    import torch
+
+    header, start = _header(data, path)
+    dtypes = _dtypes()
+    tensors: dict[str, Any] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = dtypes[entry["dtype"]]
+            shape = [int(d) for d in entry["shape"]]
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: tensor {name[:80]!r} has a malformed header entry") from None
+        numel = 1
+        for d in shape:
+            numel *= d
+        size = numel * torch.empty((), dtype=dtype).element_size()
+        if (
+            min(shape, default=0) < 0
+            or not 0 <= begin <= end <= len(data) - start
+            or (end - begin != size)
+        ):
+            raise ValueError(f"{path}: tensor {name[:80]!r} does not fit the file's bytes")
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            flat = torch.frombuffer(data, dtype=dtype, count=numel, offset=start + begin)
+            tensors[name] = flat.reshape(shape)
+    meta = header.get("__metadata__")
+    metadata = {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+    return tensors, metadata
 
 
 def read_safetensors(path: str, root: str | None = None) -> WeightFile:
     """The tensors of the safetensors file ``path``, read from one checked descriptor (see the
     module doc). Raises PermissionError (outside ``root``), FileNotFoundError, and ValueError
     (:class:`WeightFileChanged` among them) naming ``path`` for a file that cannot be used."""
-    from safetensors.torch import load
-
     fd, real = _open_checked(path, root)
     try:
         before = os.fstat(fd)
@@ -135,14 +186,7 @@ def read_safetensors(path: str, root: str | None = None) -> WeightFile:
             raise WeightFileChanged(f"{path}: the file changed while it was read")
     finally:
         os.close(fd)
-    metadata = _metadata(data, path)
-    blob = bytes(data)  # what safetensors takes; the buffer goes at once
-    del data
-    try:
-        tensors = load(blob)
-    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a corrupt file
-        line = " ".join(str(exc).split())[:300]
-        raise ValueError(f"{path}: not a readable safetensors file ({line})") from None
+    tensors, metadata = _tensors(data, path)
     return WeightFile(tensors, metadata, real)
 
 
