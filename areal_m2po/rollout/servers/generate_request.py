@@ -213,15 +213,17 @@ def _gconfig(sp: dict[str, Any], limits: RequestLimits | None) -> tuple[Generati
             f"sampling_params.max_new_tokens: {max_new_tokens} exceeds the context of "
             f"{context} tokens ({limits.context_name})"  # type: ignore[union-attr]
         )
+    min_new_tokens, top_p = _int(sp, "min_new_tokens", 0), _float(sp, "top_p", 1.0)
+    stop = _stop_strings(sp)  # each raises naming sampling_params.<key> already
     try:
         gconfig = GenerationConfig(
             n_samples=1,
             max_new_tokens=max_new_tokens,
-            min_new_tokens=_int(sp, "min_new_tokens", 0),
+            min_new_tokens=min_new_tokens,
             temperature=1.0 if greedy else temperature,
-            top_p=_float(sp, "top_p", 1.0),
+            top_p=top_p,
             top_k=0 if top_k < 0 else top_k,
-            stop=_stop_strings(sp),
+            stop=stop,
         )
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from None
