@@ -157,7 +157,7 @@ def _tensors(data: bytearray, path: str) -> tuple[dict[str, Any], dict[str, str]
         numel = 1
         for d in shape:
             numel *= d
-        size = numel * torch.empty((), dtype=dtype).element_size()
+        size = numel * torch.empty((), dtype=dtype, device="cpu").element_size()
         if (
             min(shape, default=0) < 0
             or not 0 <= begin <= end <= len(data) - start
@@ -165,7 +165,7 @@ def _tensors(data: bytearray, path: str) -> tuple[dict[str, Any], dict[str, str]
         ):
             raise ValueError(f"{path}: tensor {name[:80]!r} does not fit the file's bytes")
         if numel == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
+            tensors[name] = torch.empty(shape, dtype=dtype, device="cpu")  # read from a file
         else:
             flat = torch.frombuffer(data, dtype=dtype, count=numel, offset=start + begin)
             tensors[name] = flat.reshape(shape)

@@ -61,7 +61,9 @@ class TailStopStrings:
         """Rows of ``generated`` ``[B, C]`` (generated ids only) that a stop string ends:
         bool ``[B]``."""
         rows = generated.tolist()
-        return torch.tensor([self.row_done(r) for r in rows], dtype=torch.bool)
+        return torch.tensor(
+            [self.row_done(r) for r in rows], dtype=torch.bool, device=generated.device
+        )
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         """``transformers``' criterion call: ``input_ids`` ``[B, P + C]``, the prompt columns
