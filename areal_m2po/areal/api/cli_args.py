@@ -25,7 +25,7 @@ _LEVELS = ("batch", "group", None)
 
 @dataclass
 class NormConfig:
-    """Reward/advantage normalisation options (see :class:`~areal_m2po.algo.areal_norm.Normalization`)."""
+    """Reward/advantage normalisation options (see :class:`~areal_m2po.areal.utils.data.Normalization`)."""
 
     mean_level: str | None = "batch"
     mean_leave1out: bool = False
@@ -73,7 +73,7 @@ class MicroBatchSpec:
 @dataclass
 class RejectionSamplingConfig:
     """Rejection-sampling options (see
-    :func:`~areal_m2po.algo.areal_functional.apply_rejection_sampling`)."""
+    :func:`~areal_m2po.areal.utils.functional.apply_rejection_sampling`)."""
 
     level: str = "token"
     action: str = "mask"
