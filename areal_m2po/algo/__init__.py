@@ -30,8 +30,13 @@ One concept per module, each with one public entry point (plus its helpers where
 * :mod:`~areal_m2po.algo.dpo`: the DPO / IPO preference loss and its pair log-ratios;
 * :mod:`~areal_m2po.algo.reductions`, :mod:`~areal_m2po.algo.checks`: masked reductions and
   argument checks the modules above share;
-* :mod:`~areal_m2po.algo.areal_compat`: AReaL's names and calling conventions (the one
-  compatibility place).
+* :mod:`~areal_m2po.algo.proximal`: the log-linear proximal policy (interpolation by policy
+  version);
+* :mod:`~areal_m2po.algo.normalization`: the one normaliser (group / batch mean and std,
+  leave-one-out).
+
+AReaL's names and calling conventions are adapters over these modules in
+:mod:`areal_m2po.areal` (the AReaL wing), which nothing here imports.
 
 Names follow one meaning each: ``behave_logp`` (behaviour log-probs, recorded while
 sampling), ``prox_logp`` (proximal: the policy at the start of the step), ``logp`` (current,

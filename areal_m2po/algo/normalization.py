@@ -1,9 +1,12 @@
 """Normalisation of rewards and advantages: GRPO group / batch mean and std, RLOO's
 leave-one-out mean, over sequences or over valid tokens.
 
-Owns :func:`group_normalize` (one scalar per sequence, ``[B]``) and :func:`masked_normalize`
-(its token-level variant over ``[B, T]`` with a ``torch.bool`` mask); groups are consecutive
-blocks of ``group_size`` sequences. The module imports only torch,
+One normaliser: :func:`normalization_stats` takes the mean and std of the masked elements of
+``[B, T]`` rows at the batch or group level; :func:`masked_normalize` (token level, ``[B, T]``
+with a ``torch.bool`` mask) and :func:`group_normalize` (one scalar per sequence, ``[B]``) divide
+by them, and AReaL's ``Normalization`` and ``masked_normalization`` (``areal_m2po.areal``) are
+adapters over it. Groups are consecutive blocks of ``group_size`` sequences (or of the sizes
+given). The module imports only torch,
 :mod:`areal_m2po.algo.options` and :mod:`areal_m2po.algo.checks`; it keeps no state.
 """
 
@@ -16,7 +19,7 @@ import torch
 from areal_m2po.algo.checks import check_bool_mask, check_choice, check_same_shape, check_tensor
 from areal_m2po.algo.options import NORM_LEVELS
 
-__all__ = ["group_normalize", "masked_normalize"]
+__all__ = ["group_normalize", "masked_normalize", "normalization_stats"]
 
 
 def _check_norm_args(
@@ -76,39 +79,14 @@ def group_normalize(
     gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
     if batch == 0:
         return x.clone()
-    gsz = gs if gs is not None else batch
-    x64 = x.detach().to(torch.float64)
-
-    def _view(level: str) -> torch.Tensor:
-        size = batch if level == "batch" else gsz
-        return x64.view(batch // size, size)
-
-    out = x64
-    if mean_level is not None:
-        v = _view(mean_level)
-        n = v.shape[1]
-        s = v.sum(dim=1, keepdim=True)
-        if mean_leave1out:
-            if n < 2:
-                raise ValueError("mean_leave1out needs at least 2 elements per batch/group")
-            mean = (s - v) / (n - 1)
-        else:
-            mean = s / n
-        out = (v - mean).reshape(batch)
-    if std_level is not None:
-        # the spread of the centred values (as AReaL): around the mean actually subtracted
-        size = batch if std_level == "batch" else gsz
-        dev = out.view(batch // size, size)
-        n = size
-        denom = n - 1 if std_unbiased else n
-        var = (
-            (dev * dev).sum(dim=1, keepdim=True) / denom
-            if denom > 0
-            else torch.zeros_like(dev[:, :1])
-        )
-        std = var.sqrt().expand_as(dev).reshape(batch)
-        out = out / (std + eps)
-    return out.to(x.dtype)
+    if mean_leave1out and (batch if mean_level == "batch" else gs or batch) < 2:
+        raise ValueError("mean_leave1out needs at least 2 elements per batch/group")
+    rows = x[:, None]
+    out = masked_normalize(
+        rows, torch.ones_like(rows, dtype=torch.bool), mean_level, std_level, group_size,
+        mean_leave1out, std_unbiased, eps,
+    )  # fmt: skip
+    return out[:, 0]
 
 
 def masked_normalize(
@@ -146,33 +124,78 @@ def masked_normalize(
     gs = _check_norm_args(mean_level, std_level, group_size, batch, mean_leave1out)
     if x.numel() == 0:
         return torch.zeros_like(x)
-    gsz = gs if gs is not None else batch
     x64 = torch.where(mask, x.detach().to(torch.float64), 0.0)
-    cnt_row = mask.sum(dim=1).to(torch.float64)
-    sum_row = x64.sum(dim=1)
+    mean, std = normalization_stats(
+        x64, mask, mean_level, std_level, gs or batch, mean_leave1out, std_unbiased, batch_sum
+    )
+    out = x64 if mean is None else x64 - mean
+    if std is not None:
+        out = out / (std + eps)
+    return torch.where(mask, out, 0.0).to(x.dtype)
 
-    def _pool(row_stat: torch.Tensor, level: str) -> torch.Tensor:
-        """Pool a per-row statistic over the level, broadcast back to [B, 1]."""
+
+def _pooler(
+    batch: int, groups: int | list[int], batch_sum: Callable[[torch.Tensor], torch.Tensor] | None
+) -> Callable[[torch.Tensor, str], torch.Tensor]:
+    """``pool(row_stat [B], level) -> [B, 1]``: the sum of a per-row statistic over the row's
+    batch or group (consecutive blocks of ``groups`` rows, or of the sizes ``groups`` lists)."""
+
+    def pool(row_stat: torch.Tensor, level: str) -> torch.Tensor:
         if level == "batch":
             total = row_stat.sum() if batch_sum is None else batch_sum(row_stat.sum())
             return total.expand(batch).unsqueeze(1)
-        return row_stat.view(-1, gsz).sum(dim=1).repeat_interleave(gsz).unsqueeze(1)
+        if isinstance(groups, int):
+            return row_stat.view(-1, groups).sum(dim=1).repeat_interleave(groups).unsqueeze(1)
+        sums = torch.stack([part.sum() for part in row_stat.split(groups)])
+        sizes = torch.tensor(groups, device=row_stat.device)
+        return sums.repeat_interleave(sizes).unsqueeze(1)
 
-    out = x64
+    return pool
+
+
+def normalization_stats(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    mean_level: str | None,
+    std_level: str | None,
+    groups: int | list[int],
+    mean_leave1out: bool = False,
+    std_unbiased: bool = True,
+    batch_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    degenerate_std: float = 0.0,
+    adjust_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The mean and std of the masked elements of ``x`` at each row's level (unchecked).
+
+    Args:
+        x: float ``[B, T]``, 0 outside ``mask`` (its dtype is the statistics' dtype);
+            mask: bool ``[B, T]``.
+        groups: rows per group, or the list of group sizes (summing to ``B``).
+        mean_leave1out: each element's mean leaves it out (``(s - x) / max(n - 1, 1)``).
+        std_unbiased: divide the sum of squares by ``n - 1`` (else ``n``); where that is not
+            positive the std is ``degenerate_std``.
+        batch_sum: sums a 0-dim tensor over the processes sharing the batch (None: local).
+        adjust_mean: rewrites the mean before the std is taken around it (an adapter's rule).
+    Returns:
+        ``(mean, std)``: mean ``[B, T]`` (leave-one-out) or ``[B, 1]``, None without
+        ``mean_level``; std ``[B, 1]`` of the centred values ``x - mean`` around 0, None
+        without ``std_level``.
+    """
+    pool = _pooler(x.shape[0], groups, batch_sum)
+    cnt_row = mask.sum(dim=1).to(x.dtype)
+    mean = None
     if mean_level is not None:
-        s = _pool(sum_row, mean_level)
-        n = _pool(cnt_row, mean_level)
-        if mean_leave1out:
-            mean = (s - x64) / (n - 1).clamp(min=1)
-        else:
-            mean = s / n.clamp(min=1)
-        out = x64 - mean
-    if std_level is not None:
-        # the spread of the centred values (as AReaL): around the mean actually subtracted
-        n = _pool(cnt_row, std_level)
-        dev = torch.where(mask, out, 0.0)
-        ss = _pool((dev * dev).sum(dim=1), std_level)
-        denom = (n - 1) if std_unbiased else n
-        var = torch.where(denom > 0, ss / denom.clamp(min=1), torch.zeros_like(ss))
-        out = out / (var.sqrt() + eps)
-    return torch.where(mask, out, 0.0).to(x.dtype)
+        s = pool(x.sum(dim=1), mean_level)
+        n = pool(cnt_row, mean_level)
+        mean = (s - x) / (n - 1).clamp(min=1) if mean_leave1out else s / n.clamp(min=1)
+        if adjust_mean is not None:
+            mean = adjust_mean(mean)
+    if std_level is None:
+        return mean, None
+    # the spread of the centred values (as AReaL): around the mean actually subtracted
+    n = pool(cnt_row, std_level)
+    dev = x if mean is None else torch.where(mask, x - mean, 0.0)
+    ss = pool((dev * dev).sum(dim=1), std_level)
+    denom = (n - 1) if std_unbiased else n
+    std = torch.where(denom > 0, (ss / denom.clamp(min=1)).sqrt(), degenerate_std)
+    return mean, std

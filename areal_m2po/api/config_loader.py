@@ -17,7 +17,7 @@ interpolation (``${gconfig.n_samples}``); a YAML file need not list every key.
 
 An AReaL config file (one with a top-level key only AReaL has, such as ``cluster``, or with
 ``areal_compat: true``; or any file with ``--areal-compat``) is read with AReaL's meaning:
-:mod:`areal_m2po.api.areal_config` translates its keys and drops those of AReaL's own
+:mod:`areal_m2po.api.areal.config` translates its keys and drops those of AReaL's own
 machinery, listed in one warning line; in every other file an unknown key stays an error.
 
 The result is made of the real dataclass instances, so every ``__post_init__`` check runs exactly
@@ -46,7 +46,8 @@ from typing import Any
 
 import yaml
 
-from areal_m2po.api import areal_config, areal_trainer_config
+from areal_m2po.api.areal import config as areal_config
+from areal_m2po.api.areal import trainer_config as areal_trainer_config
 from areal_m2po.api.cli_args import PPOConfig
 from areal_m2po.api.config_schema import (
     REQUIRED,
@@ -76,7 +77,7 @@ __all__ = [
 _NULL_WORDS = ("null", "Null", "NULL", "~", "None")
 _CONFIG_KEY = "config"
 AREAL_COMPAT_FLAG = "--areal-compat"
-"""Read every ``--config`` file and override with AReaL's meaning (:mod:`.areal_config`)."""
+"""Read every ``--config`` file and override with AReaL's meaning (:mod:`.areal.config`)."""
 
 # ---------------------------------------------------------------------------------------------
 # keys
@@ -437,7 +438,7 @@ def _load_areal(
     """``cls`` from AReaL config files and overrides: AReaL's defaults, the files and the
     overrides merged as plain data, interpolations resolved, the keys translated
     (:func:`areal_config.translate`), then checked like any config; the dropped keys are
-    reported through ``warn`` in one line. SFT, RW and DPO roots: :mod:`.areal_trainer_config`."""
+    reported through ``warn`` in one line. SFT, RW and DPO roots: :mod:`.areal.trainer_config`."""
     reader = areal_trainer_config.reader_for(cls)
     tree = default_tree(cls)
     reader.apply_defaults(tree)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from procs import REPO, subprocess_env
 
-from areal_m2po.api.areal_config import IGNORED, areal_key_status, leaf_items
+from areal_m2po.api.areal.config import IGNORED, areal_key_status, leaf_items
 from areal_m2po.api.cli_args import ConfigError, PPOConfig
 from areal_m2po.api.config_loader import config_to_yaml, leaf_keys, load_config
 from areal_m2po.api.yaml_format import parse_yaml

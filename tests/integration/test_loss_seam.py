@@ -10,7 +10,8 @@ import torch
 from areal_m2po.api.callbacks import Phases, StepCallback
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, PPOConfig
 from areal_m2po.api.errors import RunError
-from areal_m2po.trainer.ppo.actor import PPOActor, _apply_m2po_masking
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking
+from areal_m2po.trainer.ppo.actor import PPOActor
 from areal_m2po.trainer.ppo.loss_fn import LossContext, library_actor_loss, load_actor_loss_fn
 
 

@@ -15,7 +15,6 @@ from fake_device import HostReads, assert_on, fake_device
 from areal_m2po.algo import (
     advantages,
     aggregation,
-    areal_compat,
     bradley_terry,
     cispo_loss,
     critic_loss,
@@ -42,6 +41,7 @@ from areal_m2po.algo.options import (
     REJECTION_AGGS,
     REJECTION_METRICS,
 )
+from areal_m2po.areal.utils.functional import functional as areal_compat
 
 B, T = 4, 6  # two groups of two rows
 

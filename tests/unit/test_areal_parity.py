@@ -12,9 +12,9 @@ import pytest
 import torch
 from batches import reward_batch
 
-from areal_m2po.algo.areal_compat import ppo_actor_loss_fn, sapo_loss_fn
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
+from areal_m2po.areal.utils.functional import ppo_actor_loss_fn, sapo_loss_fn
 from areal_m2po.trainer.ppo.actor import PPOActor
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""AReaL keys whose meaning takes more than a rename (areal_m2po/api/areal_sections.py): each
+"""AReaL keys whose meaning takes more than a rename (areal_m2po/api/areal/sections.py): each
 case is a small AReaL file (``cluster:`` makes it AReaL's) with the values read off AReaL's
 cli_args at cbff54d6."""
 

@@ -455,7 +455,7 @@ def test_help_lists_every_leaf_field_with_type_default_and_help() -> None:
     for key in keys:
         assert f"  {key} (" in text, key
     assert "  actor.m2_threshold (float|null, default: 0.04)" in text
-    assert "  actor.rejection_sampling.upper (float|null, default: 2.0)" in text
+    assert "  actor.rejection_sampling.upper (float|null, default: 5.0)" in text
     flat = " ".join(text.split())
     assert "Choices: global, microbatch." in flat
     assert "M2PO: mask the tokens with the largest (behave_logp - prox_logp)^2" in flat

@@ -1,4 +1,4 @@
-"""DPO maths (areal_m2po.algo.dpo and AReaL's names in areal_compat) against numbers derived by
+"""DPO maths (areal_m2po.algo.dpo and AReaL's names in areal_m2po.areal.utils.functional) against numbers derived by
 hand with math.log/exp, the gradient's sign and size, and bad input."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from areal_m2po.algo import areal_compat
 from areal_m2po.algo.dpo import (
     dpo_pair_logratios,
     dpo_preference_loss,
     dpo_reward_stats,
     pair_sequence_logps,
 )
+from areal_m2po.areal.utils.functional import functional as areal_compat
 
 F64 = torch.float64
 

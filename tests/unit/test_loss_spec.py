@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from areal_m2po.algo import aggregation, kl, m2po, normalization, ppo_loss
-from areal_m2po.algo.areal_compat import ppo_actor_loss_fn
 from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
 from areal_m2po.algo.rejection_sampling import RejectionSampling, as_rejection_sampling
 from areal_m2po.api import cli_args
 from areal_m2po.api.cli_args import ActorConfig, ConfigError, RejectionSamplingConfig
 from areal_m2po.api.config_loader import load_config
+from areal_m2po.areal.utils.functional import ppo_actor_loss_fn
 from areal_m2po.trainer.ppo.loss_fn import ppo_loss_spec
 
 F64 = torch.float64

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from areal_m2po.algo.m2po import m2po_mask, trust_region_tokens
-from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, global_m2po_mask
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking
+from areal_m2po.trainer.ppo.actor import global_m2po_mask
 
 
 def reference_trust_region(

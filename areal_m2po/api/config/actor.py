@@ -64,6 +64,10 @@ class NormConfig:
         check_bool("std_unbiased", self.std_unbiased)
         check_number("eps", self.eps, ge=0)
         check_number("group_size", self.group_size, ge=1, integer=True, optional=True)
+        self._check_leave1out()
+
+    def _check_leave1out(self) -> None:
+        """A leave-one-out mean needs a mean to leave an element out of."""
         if self.mean_leave1out and self.mean_level is None:
             raise ConfigError(
                 "mean_leave1out", "a leave-one-out mean needs mean_level 'batch' or 'group'"
@@ -92,7 +96,9 @@ class RejectionSamplingConfig:
     agg: str = config_field(
         "mean", "How a sequence-level metric aggregates its tokens.", choices=REJECTION_AGGS
     )
-    upper: float | None = config_field(2.0, "Upper bound (null: none).")
+    upper: float | None = config_field(
+        5.0, "Upper bound (null: none); 5.0 is AReaL's default (typical: 2.0 or 5.0)."
+    )
     lower: float | None = config_field(None, "Lower bound (null: none).")
 
     def __post_init__(self) -> None:

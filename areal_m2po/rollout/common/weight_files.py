@@ -6,9 +6,10 @@ The trainer writes ``<root>/v<version>/`` once per update: ``model.safetensors``
 place, so a server never sees a half-written version.
 
 Loading is checked before anything changes (:func:`read_weights`, :func:`check_weights`): the
-file is resolved (symlinks followed) and must lie below the server's ``--weights-root``; it
-must be a readable safetensors file; its tensors must match the served model's names, shapes
-and kinds and be finite. A version is an integer in ``[0, MAX_VERSION)``.
+file is opened once, the file opened must lie below the server's ``--weights-root``, and it is
+read whole from that descriptor (:mod:`.weight_reader`: no second open by path, no mapping, a
+file that changes meanwhile refused); it must be a readable safetensors file; its tensors must
+match the served model's names, shapes and kinds and be finite. A version is an integer in ``[0, MAX_VERSION)``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.rollout.common.guard import below_root
+from areal_m2po.rollout.common.weight_reader import header_metadata, read_safetensors
 
 __all__ = [
     "MAX_VERSION",
@@ -104,48 +105,30 @@ def _unshared_cpu(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def _weights_file(path: str, root: str | None = None) -> str:
-    """The resolved (symlink-free) path of the weights file at ``path`` (a directory holding
-    :data:`WEIGHTS_FILE`, or the file); PermissionError when it lies outside ``root``."""
+def _weights_file(path: str) -> str:
+    """The weights file at ``path`` (a directory holding :data:`WEIGHTS_FILE`, or the file)."""
     file = os.path.join(path, WEIGHTS_FILE) if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"no {WEIGHTS_FILE} at {path}")
-    real = os.path.realpath(file)
-    if root is not None and not below_root(real, root):
-        raise PermissionError(f"{file} resolves outside the server's --weights-root")
-    return real
+    return file
 
 
-def _stamp(file: str) -> int | None:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(file, framework="pt") as fh:
-            meta = fh.metadata() or {}
-    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a corrupt file
-        raise ValueError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+def _stamp(meta: dict[str, str], file: str) -> int | None:
     stamp = meta.get("weight_version")
     return parse_version(stamp, f"{file}: weight_version") if stamp is not None else None
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
 def read_weights(path: str, root: str | None = None) -> tuple[dict[str, torch.Tensor], int | None]:
-    """The tensors of a weights directory (or file) and the version stamped in it (or None).
+    """The tensors of a weights directory (or file) and the version stamped in it (or None),
+    read whole from one open descriptor (:func:`~.weight_reader.read_safetensors`).
 
-    With ``root``, the file (symlinks resolved) must lie below it (PermissionError). A file
-    safetensors cannot read is a ValueError naming it.
+    With ``root``, the file opened (symlinks resolved) must lie below it (PermissionError). A
+    file safetensors cannot read, or one that changes while it is read, is a ValueError
+    naming it.
     """
-    from safetensors.torch import load_file
-
-    file = _weights_file(path, root)
-    stamp = _stamp(file)
-    try:
-        return load_file(file), stamp
-    except Exception as exc:  # noqa: BLE001 - safetensors' own error types: a corrupt file
-        raise ValueError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+    file = _weights_file(path)
+    read = read_safetensors(file, root)
+    return read.tensors, _stamp(read.metadata, file)
 
 
 def check_weights(
@@ -180,7 +163,8 @@ def check_weights(
 def check_weights_version(path: str, version: int) -> None:
     """Raise (without loading the tensors) when the weights at ``path`` are missing or stamped
     with another version than ``version``."""
-    stamp = _stamp(_weights_file(path))
+    file = _weights_file(path)
+    stamp = _stamp(header_metadata(file), file)
     if stamp is not None and stamp != version:
         raise ValueError(f"weight version {version} != the version {stamp} stamped in {path}")
 

@@ -27,6 +27,7 @@ from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
 from areal_m2po.rollout.engines.decode_loop import decode, decode_supported
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
 from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
+from areal_m2po.rollout.engines.stop_strings import TailStopStrings
 from areal_m2po.utils.data import Batch
 from areal_m2po.utils.host_memory import lifted_mmap_threshold
 
@@ -183,8 +184,6 @@ class HFGenerator:
                 # 0, not None: transformers 5 reads None as "unset" and applies top_k=50
                 top_k=g.top_k,
             )
-        if g.stop:
-            kwargs["stop_strings"] = list(g.stop)
         return HFGenerationConfig(**kwargs)
 
     @torch.no_grad()
@@ -285,17 +284,20 @@ class HFGenerator:
         """:func:`.decode_loop.decode`: the sequences ``[B*n, P + C]`` (``ids`` ``[B, P]``
         repeated, then the generated columns) and the behaviour log-probs ``[B*n, C]``."""
         from transformers import StoppingCriteriaList
-        from transformers.generation.stopping_criteria import StopStringCriteria
 
         criteria = StoppingCriteriaList(list(stopping_criteria or []))
-        if g.stop:
-            criteria.append(StopStringCriteria(self.tokenizer, list(g.stop)))
+        strings = TailStopStrings(self.tokenizer, list(g.stop)) if g.stop else None
         prompt_rows = ids.repeat_interleave(n, 0)
         stop = None
-        if criteria:
+        if criteria or strings is not None:
 
             def stop(active: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
-                return criteria(torch.cat([prompt_rows[active], generated], 1), None)
+                done = torch.zeros(generated.shape[0], dtype=torch.bool, device=generated.device)
+                if criteria:
+                    done |= criteria(torch.cat([prompt_rows[active], generated], 1), None)
+                if strings is not None:
+                    done |= strings.done(generated).to(generated.device)
+                return done
 
         tokens, logp = decode(
             self.model,
@@ -322,10 +324,15 @@ class HFGenerator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """HF ``generate`` (each shared run of prompt tokens prefilled once): the sequences
         ``[B*n, P + C]`` and the behaviour log-probs ``[B*n, C]`` recorded step by step."""
+        from transformers import StoppingCriteriaList
+
         hf_cfg = self._hf_generation_config(g, greedy, n, eos_ids)
-        extra: dict[str, Any] = {"tokenizer": self.tokenizer} if g.stop else {}
-        if stopping_criteria is not None:
-            extra["stopping_criteria"] = stopping_criteria
+        extra: dict[str, Any] = {}
+        criteria = StoppingCriteriaList(list(stopping_criteria or []))
+        if g.stop:  # matched here, not by transformers' per-vocabulary tables
+            criteria.append(TailStopStrings(self.tokenizer, list(g.stop)))
+        if criteria:
+            extra["stopping_criteria"] = criteria
         recorder = None if greedy else SampledLogprobRecorder(g.temperature)
         if recorder is not None:
             from transformers import LogitsProcessorList

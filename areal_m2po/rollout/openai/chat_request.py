@@ -21,7 +21,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from areal_m2po.rollout.openai.limits import MAX_CALL_CHARS, MAX_MESSAGES, check_unicode
+from areal_m2po.rollout.openai.limits import (
+    MAX_CALL_CHARS,
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    check_unicode,
+    shown,
+)
 from areal_m2po.rollout.openai.tool_parsers import parse_hermes as parse_tool_calls
 
 __all__ = [
@@ -73,13 +80,14 @@ REFUSED_FIELDS = (
 )
 """Fields of the chat-completions API refused with HTTP 400 whenever present (any other unknown
 field is refused too)."""
-MAX_STOP_STRINGS = 4
 
 
 class ChatRequestError(ValueError):
     """A request the endpoint refuses; ``param`` names the field (HTTP 400)."""
 
     def __init__(self, param: str | None, message: str) -> None:
+        if param is not None:  # a field's name may be any string the client sent
+            param = shown(param, 80, quote=False)
         super().__init__(f"{param}: {message}" if param else message)
         self.param = param
 
@@ -123,7 +131,7 @@ def _text(content: Any, where: str) -> str:
             if not (isinstance(part, dict) and part.get("type") == "text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ChatRequestError(
-                    f"{where}.content[{i}]", f"only text parts are supported, got {kind!r}"
+                    f"{where}.content[{i}]", f"only text parts are supported, got {shown(kind)}"
                 )
             parts.append(str(part.get("text", "")))
         return "".join(parts)
@@ -157,7 +165,9 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
         raise ChatRequestError(where, f"must be an object, got {type(raw).__name__}")
     role = raw.get("role")
     if role not in ROLES:
-        raise ChatRequestError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        raise ChatRequestError(
+            f"{where}.role", f"must be one of {', '.join(ROLES)}, got {shown(role)}"
+        )
     message: dict[str, Any] = {"role": role, "content": _text(raw.get("content"), where)}
     if role == "assistant" and raw.get("tool_calls"):
         message["tool_calls"] = _tool_calls(raw["tool_calls"], where)
@@ -184,7 +194,7 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ChatRequestError(key, f"must be a number in [{low}, {high}], got {value!r}")
+        raise ChatRequestError(key, f"must be a number in [{low}, {high}], got {shown(value)}")
     return float(value)
 
 
@@ -194,7 +204,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     }
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ChatRequestError(key, f"must be an integer >= 1, got {value!r}")
+            raise ChatRequestError(key, f"must be an integer >= 1, got {shown(value)}")
     if len(set(values.values())) > 1:
         raise ChatRequestError("max_tokens", "differs from max_completion_tokens; send one")
     return next(iter(values.values()), None)
@@ -204,10 +214,18 @@ def _stop(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     stops = [raw] if isinstance(raw, str) else raw
-    if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS:
+        raise ChatRequestError(
+            "stop",
+            f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} stop strings",
+        )
+    if not all(isinstance(s, str) and s for s in stops):
         raise ChatRequestError("stop", "must be a non-empty string or a list of them")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise ChatRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings")
+    for i, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_CHARS:
+            raise ChatRequestError(
+                f"stop[{i}]", f"{len(stop)} characters; at most {MAX_STOP_CHARS} in a stop string"
+            )
     return tuple(stops)
 
 
@@ -222,7 +240,7 @@ def _check_flags(body: dict[str, Any]) -> None:
         raise ChatRequestError("stream", "streaming is not supported; send stream=false")
     if body.get("n", 1) != 1:
         raise ChatRequestError(
-            "n", f"only n=1 is supported (send one request per sample), got {body['n']!r}"
+            "n", f"only n=1 is supported (send one request per sample), got {shown(body['n'])}"
         )
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0):

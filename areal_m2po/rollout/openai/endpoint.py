@@ -34,23 +34,29 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, RequestError, SamplingParams
-from areal_m2po.api.workflow_api import Trajectory
 from areal_m2po.rollout.common.connections import uvicorn_limits
 from areal_m2po.rollout.common.guard import ServerGuard
 from areal_m2po.rollout.openai.chat_request import (
     ChatRequest,
     ChatRequestError,
 )
-from areal_m2po.rollout.openai.limits import MAX_BODY_BYTES, max_token_chars, min_tokens
+from areal_m2po.rollout.openai.limits import (
+    MAX_BODY_BYTES,
+    MAX_ERROR_CHARS,
+    max_token_chars,
+    min_tokens,
+    shown,
+)
 from areal_m2po.rollout.openai.prompt_builder import PromptBuilder
 from areal_m2po.rollout.openai.routes import serve_chat, serve_responses
+from areal_m2po.rollout.openai.session import AgentSession, CallRecord, SessionClosed
 from areal_m2po.rollout.openai.tool_parsers import reasoning_parser, tool_call_parser
 from areal_m2po.utils.fd_limit import raise_open_file_limit
 
@@ -76,134 +82,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-@dataclass
-class CallRecord:
-    """One chat completion of a session, as the engine saw and produced it.
+@dataclass(frozen=True)
+class _Prepared:
+    """A call's prompt, the call it extends, and its sampling (the budget applied)."""
 
-    Attributes:
-        messages / tools: the request, normalised.
-        reply: the assistant message returned (``content``, ``tool_calls``).
-        prompt_ids: the context given to the engine.
-        completion_ids / logprobs / versions: the generated tokens, their behaviour log-probs
-            (nats) and weight versions, [len(completion_ids)] each.
-        finish_reason: the engine's (``stop``, ``length``, ``abort``).
-        parent: index of the call whose prompt and completion ``prompt_ids`` starts with,
-            or None.
-    """
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    reply: dict[str, Any]
     prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    finish_reason: str
     parent: int | None
-
-
-@dataclass
-class AgentSession:
-    """One episode's calls; see the module doc."""
-
-    session_id: str
-    api_key: str
-    engine: InferenceEngine
-    loop: asyncio.AbstractEventLoop
     sampling: SamplingParams
-    max_new_tokens_limit: int
-    train_temperature: float
-    train_top_p: float
-    base_url: str = ""
-    calls: list[CallRecord] = field(default_factory=list)
-    interactions: dict[str, list[int]] = field(default_factory=dict)
-    """Completion / response id -> indices in :attr:`calls` of its choices."""
-    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Response id -> its conversation and output, for ``previous_response_id``."""
-    max_episode_tokens: int | None = None
-    budget_refused: bool = False
-    """A call was refused because the prompt left no room in the episode's budget."""
-    closed: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _running: set[concurrent.futures.Future[Any]] = field(default_factory=set, repr=False)
-
-    def close(self) -> None:
-        """End the session: calls still running are cancelled and never recorded; later
-        calls are refused (idempotent)."""
-        with self._lock:
-            self.closed = True
-            running = list(self._running)
-        for future in running:
-            future.cancel()
-
-    def submit(self, request: ModelRequest) -> concurrent.futures.Future[Any]:
-        """Start ``request`` on the session's engine (its event loop), unless closed."""
-        with self._lock:
-            if self.closed:
-                raise SessionClosed(self.session_id)
-            future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(request), self.loop)
-            self._running.add(future)
-        future.add_done_callback(self._finished)
-        return future
-
-    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._running.discard(future)
-
-    def record(self, call: CallRecord) -> None:
-        """Append ``call`` to :attr:`calls` (SessionClosed once the session is closed)."""
-        with self._lock:
-            if self.closed:
-                raise SessionClosed(self.session_id)
-            self.calls.append(call)
-
-    def chain(self) -> list[int]:
-        """Indices of the calls merged into the trajectory: the last call and its ancestors."""
-        if not self.calls:
-            return []
-        chain = [len(self.calls) - 1]
-        while (parent := self.calls[chain[-1]].parent) is not None:
-            chain.append(parent)
-        return chain[::-1]
-
-    def trajectory(self, reward: float) -> Trajectory:
-        """The last call's tokens, with every completion of its chain in the loss mask.
-
-        Raises:
-            ValueError: the session made no call.
-        """
-        chain = self.chain()
-        if not chain:
-            raise ValueError("the agent made no chat-completions call")
-        last = self.calls[chain[-1]]
-        ids = last.prompt_ids + last.completion_ids
-        n = len(ids)
-        mask, logprobs, versions = [False] * n, [0.0] * n, [-1] * n
-        for index in chain:
-            call = self.calls[index]
-            start = len(call.prompt_ids)
-            for offset, token in enumerate(call.completion_ids):
-                assert ids[start + offset] == token, "a merged call's tokens must be a prefix"
-                mask[start + offset] = True
-                logprobs[start + offset] = float(call.logprobs[offset])
-                versions[start + offset] = int(call.versions[offset])
-        return Trajectory(
-            input_ids=ids,
-            loss_mask=mask,
-            logprobs=logprobs,
-            versions=versions,
-            prompt_len=len(self.calls[chain[0]].prompt_ids),
-            reward=float(reward),
-            no_eos=last.finish_reason != "stop" or self.budget_refused,
-            info={"calls": len(self.calls), "merged_calls": len(chain)},
-        )
 
 
-class SessionClosed(Exception):
-    """A call reached a session whose episode has ended (HTTP 404)."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"no open agent session {session_id!r} (the episode has ended)")
+def _rendered_chars(message: dict[str, Any]) -> int:
+    """Characters of ``message``'s content that every chat template renders: all of it,
+    stripped, and for an assistant message what follows its last ``</think>``."""
+    content = message["content"]
+    if message["role"] == "assistant":
+        content = content.rpartition("</think>")[2]
+    return len(content.strip())
 
 
 class EpisodeBudgetSpent(ChatRequestError):
@@ -217,6 +111,8 @@ def _error(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
+    message = shown(message, MAX_ERROR_CHARS, quote=False)  # never a 500 for echoing a value
+    param = shown(param, 80, quote=False) if param is not None else None
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": param, "code": code}}, status
     )
@@ -399,12 +295,14 @@ class AgentProxy:
 
     def _check_chars(self, session: AgentSession, request: ChatRequest) -> None:
         """Refuse, before any tokenising, a call whose text alone needs more tokens than the
-        episode's budget holds (no token covers more than ``token_chars`` characters; only
-        text every chat template renders whole counts: non-assistant contents, stripped)."""
+        episode's budget holds (no token covers more than ``token_chars`` characters). Every
+        message's content counts, stripped: an assistant message's from after its last
+        ``</think>`` (templates may drop earlier reasoning), and in a call that extends an
+        earlier one it stands for that call's generated tokens, which decode to it."""
         budget = session.max_episode_tokens
         if budget is None:
             return
-        chars = sum(len(m["content"].strip()) for m in request.messages if m["role"] != "assistant")
+        chars = sum(_rendered_chars(m) for m in request.messages)
         least = min_tokens(chars, self.token_chars)
         if least >= budget:
             session.budget_refused = True
@@ -414,16 +312,46 @@ class AgentProxy:
                 f"least {least} tokens, and rollout.max_episode_tokens is {budget}",
             )
 
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` in the endpoint's worker threads, off its event loop (parsing and
+        checking a body, rendering, tokenising)."""
+        return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+
+    async def _prepare(self, session: AgentSession, request: ChatRequest) -> _Prepared:
+        """The call's sampling and prompt, rendered and tokenised once (whatever ``n``)."""
+        sampling = self._sampling(session, request)
+        self._check_chars(session, request)
+        prompt_ids, parent = await self.off_loop(self.builder.build, request, list(session.calls))
+        sampling = self._within_budget(session, sampling, len(prompt_ids))
+        return _Prepared(prompt_ids, parent, sampling)
+
     async def _complete(
         self, session: AgentSession, request: ChatRequest, completion_id: str | None = None
     ) -> dict[str, Any]:
-        sampling = self._sampling(session, request)
-        self._check_chars(session, request)
-        loop = asyncio.get_running_loop()
-        prompt_ids, parent = await loop.run_in_executor(
-            self._work, self.builder.build, request, list(session.calls)
+        """One engine call for ``request``: its chat completion (one choice), recorded."""
+        return await self._generate(
+            session, request, await self._prepare(session, request), completion_id
         )
-        sampling = self._within_budget(session, sampling, len(prompt_ids))
+
+    async def _complete_n(
+        self, session: AgentSession, request: ChatRequest, n: int, completion_id: str
+    ) -> list[dict[str, Any]]:
+        """``n`` engine calls from one prompt, rendered and tokenised once."""
+        prepared = await self._prepare(session, request)
+        return list(
+            await asyncio.gather(
+                *(self._generate(session, request, prepared, completion_id) for _ in range(n))
+            )
+        )
+
+    async def _generate(
+        self,
+        session: AgentSession,
+        request: ChatRequest,
+        prepared: _Prepared,
+        completion_id: str | None = None,
+    ) -> dict[str, Any]:
+        prompt_ids, parent, sampling = prepared.prompt_ids, prepared.parent, prepared.sampling
         # every call of a session under its id: a remote engine keeps the session on one server
         future = session.submit(ModelRequest(prompt_ids, sampling, rid=session.session_id))
         try:
@@ -492,8 +420,8 @@ class AgentProxy:
         session = self._session(request, session_id)
         if isinstance(session, JSONResponse):
             return session
-        try:
-            body = json.loads(await request.body())
+        try:  # an 8 MiB body parses in the worker threads, off the event loop
+            body = await self.off_loop(json.loads, await request.body())
         except RecursionError:
             return _error(400, "the request body is not JSON (nested too deeply)")
         except ValueError as exc:  # not JSON, not UTF-8, a 5,000-digit number

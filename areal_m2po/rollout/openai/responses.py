@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from areal_m2po.rollout.openai.chat_request import ChatRequestError
+from areal_m2po.rollout.openai.limits import check_unicode, shown
 
 __all__ = ["RESPONSE_FIELDS", "to_chat_body", "to_response"]
 
@@ -64,7 +65,7 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         if not (isinstance(part, dict) and part.get("type") in _TEXT_PARTS):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ChatRequestError(f"{where}.content[{j}]", f"only text parts, got {kind!r}")
+            raise ChatRequestError(f"{where}.content[{j}]", f"only text parts, got {shown(kind)}")
         texts.append(str(part.get("text", "")))
     return "".join(texts)
 
@@ -95,7 +96,7 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise ChatRequestError(f"{where}.role", f"unsupported role {role!r}")
+                raise ChatRequestError(f"{where}.role", f"unsupported role {shown(role)}")
             messages.append({"role": role, "content": _text(item.get("content"), where)})
         elif kind == "function_call":
             call = _function_call(item, where)
@@ -110,7 +111,7 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
             output = _text(item.get("output"), where)
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind != "reasoning":
-            raise ChatRequestError(f"{where}.type", f"unsupported input item type {kind!r}")
+            raise ChatRequestError(f"{where}.type", f"unsupported input item type {shown(kind)}")
     return messages
 
 
@@ -123,7 +124,7 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(raw):
         if not (isinstance(tool, dict) and tool.get("type") == "function"):
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise ChatRequestError(f"tools[{i}].type", f"only function tools, got {kind!r}")
+            raise ChatRequestError(f"tools[{i}].type", f"only function tools, got {shown(kind)}")
         if not isinstance(tool.get("name"), str):
             raise ChatRequestError(f"tools[{i}].name", "must be a string")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
@@ -171,6 +172,9 @@ def to_chat_body(
     """
     if not isinstance(body, dict):
         raise ChatRequestError(None, "the request body must be a JSON object")
+    bad = check_unicode(body, "body")  # before any field name is echoed
+    if bad is not None:
+        raise ChatRequestError(bad.removeprefix("body."), "not valid Unicode (a lone surrogate)")
     _check_neutral(body)
     conversation = list(history or []) + input_messages(body.get("input"))
     messages = list(conversation)

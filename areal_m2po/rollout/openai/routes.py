@@ -9,13 +9,13 @@ refuse; the endpoint turns the exceptions into HTTP answers.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from areal_m2po.rollout.openai.chat_request import ChatRequestError, parse_chat_request
+from areal_m2po.rollout.openai.limits import shown
 from areal_m2po.rollout.openai.responses import to_chat_body, to_response
 from areal_m2po.rollout.openai.streaming import (
     chat_events,
@@ -45,14 +45,13 @@ def _merge_choices(results: list[dict[str, Any]]) -> dict[str, Any]:
 async def serve_chat(proxy: Any, session: Any, body: Any) -> Any:
     """A chat completion of ``session`` (``proxy``: the endpoint's
     :class:`~areal_m2po.rollout.openai.endpoint.AgentProxy`); each of the ``n`` choices is its
-    own engine call and record, under the completion's id."""
-    body, fields = stream_fields(body)
-    request = parse_chat_request(body)
+    own engine call and record, under the completion's id, all
+    from one prompt rendered and tokenised once."""
+    body, fields = await proxy.off_loop(stream_fields, body)
+    request = await proxy.off_loop(parse_chat_request, body)
     completion_id = f"chatcmpl-{secrets.token_hex(12)}"
-    results = await asyncio.gather(
-        *(proxy._complete(session, request, completion_id) for _ in range(fields.n))
-    )
-    completion = _merge_choices(list(results))
+    results = await proxy._complete_n(session, request, fields.n, completion_id)
+    completion = _merge_choices(results)
     if fields.stream:
         events = chat_events(completion, fields.include_usage)
         return StreamingResponse(
@@ -67,7 +66,9 @@ def _history(session: Any, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         return None
     history = session.responses.get(previous) if isinstance(previous, str) else None
     if history is None:
-        raise ChatRequestError("previous_response_id", f"no response {previous!r} in this session")
+        raise ChatRequestError(
+            "previous_response_id", f"no response {shown(previous)} in this session"
+        )
     return list(history)
 
 
@@ -78,8 +79,8 @@ async def serve_responses(proxy: Any, session: Any, body: Any) -> Any:
         raise ChatRequestError(None, "the request body must be a JSON object")
     if body.get("stream") not in (None, True, False):
         raise ChatRequestError("stream", "must be true or false")
-    chat_body, conversation = to_chat_body(body, _history(session, body))
-    request = parse_chat_request(chat_body)
+    chat_body, conversation = await proxy.off_loop(to_chat_body, body, _history(session, body))
+    request = await proxy.off_loop(parse_chat_request, chat_body)
     response_id = f"resp_{secrets.token_hex(12)}"
     completion = await proxy._complete(session, request, response_id)
     message = completion["choices"][0]["message"]

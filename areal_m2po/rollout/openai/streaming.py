@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_m2po.rollout.openai.chat_request import ChatRequestError
+from areal_m2po.rollout.openai.limits import shown
 
 __all__ = ["MAX_CHOICES", "StreamFields", "chat_events", "response_events", "sse_body"]
 
@@ -62,7 +63,7 @@ def stream_fields(body: Any, allow_n: bool = True) -> tuple[Any, StreamFields]:
     if n is None:
         n = 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-        raise ChatRequestError("n", f"must be an integer in [1, {MAX_CHOICES}], got {n!r}")
+        raise ChatRequestError("n", f"must be an integer in [1, {MAX_CHOICES}], got {shown(n)}")
     include = bool((options or {}).get("include_usage"))
     return rest, StreamFields(bool(stream), include, n)
 

@@ -7,8 +7,10 @@ the server's own reasons: token ids outside the vocabulary, a context that does 
 MAX_TEMPERATURE]``, a non-finite number, stop ids outside the vocabulary, stop strings that are
 not strings, too many or too long, and text that is not valid Unicode (a lone surrogate, which
 JSON's ``\\u`` escapes can carry and no reply could echo). Whether the tokenizer can match the
-stop strings at all is :func:`check_stop_strings` (it builds the tokenizer's tables, so the
-server runs it off its event loop).
+stop strings at all is :func:`check_stop_strings` (it tokenises them, so the server runs it off
+its event loop). Stop strings are at most ``MAX_STOP_STRINGS`` of ``MAX_STOP_CHARS`` characters
+and are matched on the decoded tail of each row (:mod:`areal_m2po.rollout.engines.stop_strings`),
+never through per-vocabulary tables.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
     "SamplingRequest",
+    "check_min_new_tokens",
     "check_stop_strings",
     "checked_text",
     "parse_generate_request",
@@ -210,15 +213,17 @@ def _gconfig(sp: dict[str, Any], limits: RequestLimits | None) -> tuple[Generati
             f"sampling_params.max_new_tokens: {max_new_tokens} exceeds the context of "
             f"{context} tokens ({limits.context_name})"  # type: ignore[union-attr]
         )
+    min_new_tokens, top_p = _int(sp, "min_new_tokens", 0), _float(sp, "top_p", 1.0)
+    stop = _stop_strings(sp)  # each raises naming sampling_params.<key> already
     try:
         gconfig = GenerationConfig(
             n_samples=1,
             max_new_tokens=max_new_tokens,
-            min_new_tokens=_int(sp, "min_new_tokens", 0),
+            min_new_tokens=min_new_tokens,
             temperature=1.0 if greedy else temperature,
-            top_p=_float(sp, "top_p", 1.0),
+            top_p=top_p,
             top_k=0 if top_k < 0 else top_k,
-            stop=_stop_strings(sp),
+            stop=stop,
         )
     except ValueError as exc:
         raise ValueError(f"sampling_params.{exc}") from None
@@ -258,17 +263,30 @@ def parse_generate_request(body: Any, limits: RequestLimits | None = None) -> Sa
 
 
 def check_stop_strings(tokenizer: Any, stops: list[str] | None) -> None:
-    """ValueError when ``tokenizer`` cannot match one of ``stops`` (a character no token
-    holds, such as ``€`` in a byte-less vocabulary): ``generate`` would refuse the whole
-    batch. Builds (and caches in ``transformers``) the tokenizer's stop-string tables."""
+    """ValueError when ``tokenizer`` cannot match one of ``stops``: its tokens decode to
+    other text (a character no token holds, such as ``€`` in a byte-less vocabulary), so no
+    completion could ever hold it. Costs the strings' length (no vocabulary table)."""
     if not stops:
         return
-    from transformers import StopStringCriteria
+    from areal_m2po.rollout.engines.stop_strings import unmatchable_stop
 
-    try:
-        StopStringCriteria(tokenizer, stops)
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    bad = unmatchable_stop(tokenizer, stops)
+    if bad is not None:
         raise ValueError(
-            f"sampling_params.stop: the tokenizer cannot match {_short(stops)} "
-            f"({' '.join(str(exc).split())[:160]})"
-        ) from None
+            f"sampling_params.stop: the tokenizer cannot match {_short(bad)} (its tokens "
+            "decode to other text)"
+        )
+
+
+def check_min_new_tokens(job: SamplingRequest, eos_ids: list[int], vocab: int | None) -> None:
+    """ValueError when ``job`` asks for ``min_new_tokens`` while its stop token ids and the
+    model's ``eos_ids`` cover the whole ``vocab``: until the minimum every token would be
+    masked, and sampling from no token fails."""
+    if job.gconfig.min_new_tokens <= 0 or vocab is None:
+        return
+    ended = {t for t in (*job.stop_token_ids, *eos_ids) if 0 <= t < vocab}
+    if len(ended) >= vocab:
+        raise ValueError(
+            f"sampling_params.min_new_tokens: {job.gconfig.min_new_tokens} with stop_token_ids "
+            f"and EOS covering all {vocab} token ids leaves no token to sample"
+        )

@@ -31,8 +31,10 @@ strings the tokenizer cannot match, temperatures generation cannot sample at, an
 ``--max-body-bytes`` each get a 4xx naming the limit (:mod:`~areal_m2po.rollout.common.guard`).
 A request that still fails inside generation with an error of the request's kind (it fails
 alone, the others of its batch are answered) is a 400 too: 5xx is for the server's own faults,
-and carries one line, never a traceback. A weight load is all or nothing: the resolved file
-below the root, every tensor checked against the served model, then the swap and the version.
+and carries one line, never a traceback. A weight load is all or nothing: the file opened
+once and checked below the root, read whole from that descriptor (never mapped; a file that
+changes or shrinks meanwhile is refused), every tensor checked against the served model, then
+the swap and the version.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from areal_m2po.rollout.engines.request_batcher import answer_each
 from areal_m2po.rollout.engines.request_limits import RequestLimits
 from areal_m2po.rollout.servers.generate_request import (
     SamplingRequest,
+    check_min_new_tokens,
     check_stop_strings,
     checked_text,
     parse_generate_request,
@@ -256,7 +259,8 @@ def _line(exc: BaseException) -> str:
 
 
 def _error(message: str, status: int = 400) -> Any:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+    line = message if len(message) <= 500 else message[:500] + "..."
+    return JSONResponse({"error": {"message": line}}, status_code=status)
 
 
 @dataclass(frozen=True)
@@ -369,6 +373,8 @@ def build_app(
     async def generate(request: Request) -> Any:
         try:
             job = parse_generate_request(await _json_object(request), limits.requests)
+            vocab = limits.requests.vocab_size
+            check_min_new_tokens(job, worker.engine.eos_ids, vocab)
             await asyncio.to_thread(check_stop_strings, worker.engine.tokenizer, job.gconfig.stop)
         except ValueError as exc:
             return _error(str(exc))

@@ -35,11 +35,11 @@ import torch
 from areal_m2po.algo import m2po
 from areal_m2po.algo.advantages import AdvantageEstimator, AdvantageInputs
 from areal_m2po.algo.aggregation import agg_loss_weight
-from areal_m2po.algo.areal_compat import _apply_m2po_masking, _get_m2po_loss_mask
 from areal_m2po.algo.kl import kl_estimate
 from areal_m2po.algo.logp_mismatch import mismatch_partials, mismatch_stats
 from areal_m2po.algo.normalization import group_normalize, masked_normalize
 from areal_m2po.algo.ppo_loss import PPOLossSpec
+from areal_m2po.algo.proximal import loglinear_proximal
 from areal_m2po.algo.reward_shaping import overlong_reward_penalty, reward_transform
 from areal_m2po.api.callbacks import Phases
 from areal_m2po.api.cli_args import ActorConfig, NormConfig
@@ -61,8 +61,7 @@ logger = logging.getLogger("areal_m2po.actor")
 KL_CLAMP = 10.0
 """Bound on each token's KL estimate in the KL reward penalty (AReaL's ``KLEstimator`` clamp)."""
 
-# AReaL's M2PO helpers, importable from here as from AReaL's actor (defined in algo/areal_compat.py)
-__all__ = ["PPOActor", "_apply_m2po_masking", "_get_m2po_loss_mask"]
+__all__ = ["PPOActor"]
 
 
 def gather_ranks(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
@@ -412,14 +411,10 @@ class PPOActor:
     def _proximal(self, mb: Batch, logp: torch.Tensor, step_in_update: int) -> torch.Tensor:
         """Proximal log-probs of a micro-batch [b, T] (detached)."""
         if self.plan.prox_source == "loglinear":
-            behave = mb["behave_logp"]
-            v_behave = mb["versions"].float()
             v_prox = float(self.engine.version)
-            gap = v_prox + step_in_update - v_behave
-            alpha = torch.where(
-                gap > 0, (v_prox - v_behave) / gap.clamp(min=1e-6), torch.ones_like(gap)
+            return loglinear_proximal(
+                mb["behave_logp"], logp, mb["versions"], v_prox, v_prox + step_in_update
             )
-            return (behave + alpha * (logp.detach() - behave)).detach()
         if self._prox_from_update_now:  # prepare_proximal left them to this forward
             return logp.detach()
         return mb["prox_logp"]

@@ -18,9 +18,16 @@ from typing import Any
 
 import httpx
 
+from areal_m2po.rollout.common.connections import DEFAULT_REQUEST_TIMEOUT_S
 from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
 
-__all__ = ["HttpCall", "ServerClient"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "HttpCall", "ServerClient"]
+
+KEEPALIVE_EXPIRY_S = DEFAULT_REQUEST_TIMEOUT_S / 2
+"""Seconds an idle connection is reused. Our servers close a connection idle for
+``DEFAULT_REQUEST_TIMEOUT_S`` (5 s); httpx's default expiry is the same 5 s, so a call sent on a
+connection just as the server closed it failed with "Server disconnected without sending a
+response", and the engine counted a live server dead. Half the server's timeout leaves room."""
 
 ExitReason = Callable[[str], "str | None"]
 """``exit_reason(addr)``: why the server at ``addr`` is gone (its process exited), or None."""
@@ -59,7 +66,10 @@ class ServerClient:
         self.request_timeout = request_timeout
         self.health_timeout = health_timeout
         self.exit_reason = exit_reason or (lambda addr: None)
-        self._http = httpx.AsyncClient(timeout=request_timeout)
+        limits = httpx.Limits(
+            max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )  # httpx's defaults but the expiry
+        self._http = httpx.AsyncClient(timeout=request_timeout, limits=limits)
         self.set_api_key(api_key)
 
     def set_api_key(self, api_key: str | None) -> None:

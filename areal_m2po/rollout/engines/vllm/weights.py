@@ -21,7 +21,9 @@ __all__ = [
     "HEAD_NAME",
     "NameCheck",
     "VersionOnlyState",
+    "check_reload",
     "checkpoint_names",
+    "checkpoint_shapes",
     "with_tied_head",
 ]
 
@@ -52,16 +54,47 @@ def with_tied_head(
 
 def checkpoint_names(model_path: str) -> set[str]:
     """Tensor names of the ``*.safetensors`` files in ``model_path`` (empty if none)."""
-    from safetensors import safe_open
+    return set(checkpoint_shapes(model_path))
 
-    names: set[str] = set()
+
+def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of the ``*.safetensors`` files in ``model_path`` (their headers
+    only; empty if none)."""
+    from areal_m2po.rollout.common.weight_reader import header_shapes
+
+    shapes: dict[str, tuple[int, ...]] = {}
     if not os.path.isdir(model_path):
-        return names
+        return shapes
     for file in sorted(os.listdir(model_path)):
         if file.endswith(".safetensors"):
-            with safe_open(os.path.join(model_path, file), framework="pt") as fh:
-                names.update(fh.keys())
-    return names
+            shapes.update(header_shapes(os.path.join(model_path, file)))
+    return shapes
+
+
+def check_reload(
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, tuple[int, ...]],
+    tied: bool,
+    where: str,
+) -> None:
+    """Refuse (ValueError naming ``where`` and the tensor) an update that vLLM must not load:
+    a tensor of the served checkpoint ``expected`` (name -> shape) missing (a tied head
+    excepted), one of another shape, or a floating value that is not finite."""
+    missing = sorted(n for n in expected if n not in state and not (tied and n == HEAD_NAME))
+    if missing:
+        raise ValueError(
+            f"{where}: no value for {len(missing)} tensors of the served model "
+            f"(e.g. {missing[0]!r})"
+        )
+    for name, value in state.items():
+        shape = expected.get(name)
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            raise ValueError(
+                f"{where}: tensor {name!r} has shape {list(value.shape)}, the served model's "
+                f"is {list(shape)}"
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{where}: tensor {name!r} holds NaN or infinite values")
 
 
 class NameCheck:

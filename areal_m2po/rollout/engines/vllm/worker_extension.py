@@ -7,14 +7,16 @@ every vLLM worker; the trainer calls them through the dev-mode ``/collective_rpc
 (``VLLM_SERVER_DEV_MODE=1``), as AReaL's vLLM server adds its ``/areal_update_weights``.
 
 A server started with ``--weights-root`` (``AREAL_M2PO_WEIGHTS_ROOT`` in the worker's
-environment) loads only from below that folder: the folder and every file read from it are
-resolved (symlinks followed) first, so a real folder whose file links outside is refused too.
-Every tensor is read and checked (the served model's names, finite values) before the model
-is touched; shapes are checked by vLLM's own loaders as it copies.
+environment) loads only from below that folder: each file is opened once and the file opened
+must lie there (:mod:`areal_m2po.rollout.common.weight_reader`), so a real folder whose file
+links outside is refused too, and a link swapped in after the check is never read. Each file
+is read whole from that descriptor (no mapping: a file cut short while it loads is refused,
+not a SIGBUS). Every tensor is checked (the served model's names and shapes, read from its
+checkpoint's headers, and finite values) before the model is touched.
 
 This module is imported inside the vLLM worker process: it imports only the standard library,
-torch, safetensors, :mod:`areal_m2po.rollout.engines.vllm.weights` and
-:mod:`areal_m2po.rollout.common.guard`.
+torch, safetensors, :mod:`areal_m2po.rollout.engines.vllm.weights`,
+:mod:`areal_m2po.rollout.common.weight_reader` and :mod:`areal_m2po.rollout.common.guard`.
 """
 
 from __future__ import annotations
@@ -23,22 +25,26 @@ import os
 from typing import Any
 
 from areal_m2po.rollout.common.guard import WEIGHTS_ROOT_ENV, below_root
-from areal_m2po.rollout.engines.vllm.weights import checkpoint_names, with_tied_head
+from areal_m2po.rollout.common.weight_reader import read_safetensors
+from areal_m2po.rollout.engines.vllm.weights import (
+    check_reload,
+    checkpoint_shapes,
+    with_tied_head,
+)
 
 __all__ = ["WeightReloadExtension"]
 
 
-def _weight_files(path: str, root: str | None) -> list[str]:
-    """The resolved ``*.safetensors`` files of the folder ``path``; PermissionError for one
-    that resolves outside ``root``."""
+def _read_folder(path: str, root: str | None) -> dict[str, Any]:
+    """Every tensor of the ``*.safetensors`` files of the folder ``path``, each file read whole
+    from one descriptor whose file must lie below ``root`` (PermissionError otherwise)."""
     names = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not names:
         raise FileNotFoundError(f"no *.safetensors under {path}")
-    files = [os.path.realpath(os.path.join(path, name)) for name in names]
-    for name, real in zip(names, files):
-        if root and not below_root(real, root):
-            raise PermissionError(f"{path}/{name} resolves outside the server's --weights-root")
-    return files
+    state: dict[str, Any] = {}
+    for name in names:
+        state.update(read_safetensors(os.path.join(path, name), root or None).tensors)
+    return state
 
 
 class WeightReloadExtension:
@@ -47,36 +53,22 @@ class WeightReloadExtension:
     def areal_reload_weights(self, path: str) -> dict[str, Any]:
         """Load every ``*.safetensors`` tensor under ``path`` into the model in place (with
         ``lm_head.weight`` = the embedding for a tied model, which vLLM's CPU backend needs);
-        returns ``{"n_tensors": ...}``. Raises when the files lack a tensor of the served
-        model's checkpoint (vLLM itself only logs that), and PermissionError when ``path``
-        is not below the server's ``--weights-root``."""
-        import torch
-        from safetensors.torch import load_file
-
+        returns ``{"n_tensors": ...}``. Raises, before the model is touched, when the files
+        lack a tensor of the served model's checkpoint (vLLM itself only logs that) or hold one
+        of another shape or with non-finite values, when a file changes while it is read, and
+        PermissionError when ``path`` or a file is not below the server's ``--weights-root``."""
         root = os.environ.get(WEIGHTS_ROOT_ENV)
         if root and not below_root(path, root):
             raise PermissionError(f"{path} is not below the server's --weights-root {root}")
-        state: dict[str, Any] = {}
-        for file in _weight_files(path, root):
-            state.update(load_file(file))
-        for name, value in state.items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ValueError(f"{path}: tensor {name!r} holds NaN or infinite values")
+        state = _read_folder(path, root)
         model_config: Any = getattr(self, "model_config", None)
         hf_config = getattr(model_config, "hf_config", None)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        expected = getattr(self, "_areal_names", None)
+        expected = getattr(self, "_areal_shapes", None)
         if expected is None:
-            expected = checkpoint_names(str(getattr(model_config, "model", "")))
-            self._areal_names = expected
-        missing = sorted(
-            n for n in expected if n not in state and not (tied and n == "lm_head.weight")
-        )
-        if missing:
-            raise ValueError(
-                f"{path}: no value for {len(missing)} tensors of the served model "
-                f"(e.g. {missing[0]!r})"
-            )
+            expected = checkpoint_shapes(str(getattr(model_config, "model", "")))
+            self._areal_shapes = expected
+        check_reload(state, expected, tied, path)
         reload = self.reload_weights  # type: ignore[attr-defined]
         reload(weights_iterator=with_tied_head(iter(state.items()), tied))
         return {"n_tensors": len(state)}

@@ -3,7 +3,7 @@
 section, the micro-batch and retry knobs of AReaL's own engines, and the leftover knobs of the
 SGLang/vLLM servers an AReaL file configures but this trainer does not start that way.
 
-:mod:`areal_m2po.api.areal_config` merges :data:`IGNORED_MORE` into its ignored keys and
+:mod:`areal_m2po.api.areal.config` merges :data:`IGNORED_MORE` into its ignored keys and
 :data:`MAPPED_MORE` into its mapped ones, and calls :func:`map_sections` (after the ignored keys
 are dropped) and :func:`drop_server_leftovers` (after the server keys it maps are read). Plain
 dicts in and out; imports only :mod:`areal_m2po.api.errors`.
@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from areal_m2po.api.areal.tree import LORA_DEFAULTS, MISSING, leaf_items, lora_section, pop
 from areal_m2po.api.errors import ConfigError
 
 __all__ = [
-    "AREAL_LORA_DEFAULTS",
+    "LORA_DEFAULTS",
     "AREAL_TOP_KEYS",
     "IGNORED_MORE",
     "MAPPED_MORE",
@@ -137,17 +138,6 @@ AREAL_TOP_KEYS = frozenset(
 file's other top-level keys belong to the config class of the example script it is for."""
 """AReaL keys rewritten onto this trainer's (same form as ``areal_config.MAPPED``)."""
 
-AREAL_LORA_DEFAULTS = {"lora_rank": 32, "lora_alpha": 16}
-"""AReaL's ``TrainEngineConfig`` defaults of the flat LoRA keys."""
-
-_MISSING = object()
-
-
-def _pop(node: Any, key: str) -> Any:
-    if not isinstance(node, dict):
-        return _MISSING
-    return node.pop(key, _MISSING)
-
 
 def map_sections(tree: dict[str, Any]) -> None:
     """The critic, LoRA, teacher, agent-service and ``dynamic_bs`` rewrites of
@@ -179,8 +169,8 @@ def map_sections(tree: dict[str, Any]) -> None:
 def _map_agent_workflow(tree: dict[str, Any]) -> None:
     """AReaL's agent example (``examples/agent_workflow``): a top-level ``workflow`` naming the
     agent class its script runs in agent mode, ``eval_workflow`` the same one."""
-    agent = tree.pop("workflow", _MISSING)
-    if agent is _MISSING:
+    agent = tree.pop("workflow", MISSING)
+    if agent is MISSING:
         return
     if not isinstance(agent, str) or "." not in agent:
         raise ConfigError("workflow", f"must be the dotted path of an agent, got {agent!r}")
@@ -206,17 +196,17 @@ def _map_multi_turn_math(tree: dict[str, Any]) -> None:
     environment. With ``concat`` AReaL trains the whole conversation on its last turn's own
     reward (the discount reaches only earlier turns, which concat does not export), so the
     discount is 1."""
-    style = tree.pop("export_style", _MISSING)
-    run_args = tree.pop("agent_run_args", _MISSING)
-    if style is _MISSING and run_args is _MISSING:
+    style = tree.pop("export_style", MISSING)
+    run_args = tree.pop("agent_run_args", MISSING)
+    if style is MISSING and run_args is MISSING:
         return
-    if style not in (_MISSING, "concat"):
+    if style not in (MISSING, "concat"):
         raise ConfigError(
             "export_style",
             f"{style!r} is not supported for the multi-turn math example: a group here is one "
             "row per episode; use concat",
         )
-    run_args = {} if run_args in (_MISSING, None) else run_args
+    run_args = {} if run_args in (MISSING, None) else run_args
     if not isinstance(run_args, dict) or set(run_args) - {"max_turns"}:
         raise ConfigError("agent_run_args", f"only max_turns is known here, got {run_args!r}")
     rollout = tree.setdefault("rollout", {})
@@ -267,8 +257,8 @@ def check_script_keys(tree: Mapping[str, Any], known: frozenset[str] | set[str])
 def _map_service_keys(tree: dict[str, Any]) -> None:
     """AReaL's controller version and agent-proxy hooks: defaults dropped, the rest refused."""
     for section in ("actor", "rollout", "ref", "critic"):
-        version = _pop(tree.get(section), "_version")
-        if version not in (_MISSING, "v1"):
+        version = pop(tree.get(section), "_version")
+        if version not in (MISSING, "v1"):
             raise ConfigError(
                 f"{section}._version",
                 f"{version!r} (AReaL's inference and agent service) is not supported; this "
@@ -278,20 +268,20 @@ def _map_service_keys(tree: dict[str, Any]) -> None:
     if not isinstance(agent, dict):
         return
     for key, empty in (("message_preprocessors", []), ("prefix_matcher", None)):
-        value = _pop(agent, key)
-        if value not in (_MISSING, empty, None):
+        value = pop(agent, key)
+        if value not in (MISSING, empty, None):
             raise ConfigError(
                 f"rollout.agent.{key}",
                 f"{value!r}: hooks of AReaL's agent proxy are not supported",
             )
-    path = _pop(agent, "agent_cls_path")
-    if path not in (_MISSING, "", None):
+    path = pop(agent, "agent_cls_path")
+    if path not in (MISSING, "", None):
         raise ConfigError(
             "rollout.agent.agent_cls_path",
             f"{path!r}: AReaL's agent service is not supported; give the agent as "
             "rollout.workflow: agent with workflow_kwargs (docs/agents.md)",
         )
-    limit = _pop(agent, "engine_max_tokens")
+    limit = pop(agent, "engine_max_tokens")
     if isinstance(limit, int) and not isinstance(limit, bool):
         rollout = tree["rollout"]
         now = rollout.get("max_episode_tokens")
@@ -299,7 +289,7 @@ def _map_service_keys(tree: dict[str, Any]) -> None:
 
 
 def _map_dynamic_bs(tree: dict[str, Any]) -> None:
-    value = tree.pop("dynamic_bs", _MISSING)
+    value = tree.pop("dynamic_bs", MISSING)
     filtering = (tree.get("rollout") or {}).get("dynamic_filtering") is True or (
         tree.get("actor") or {}
     ).get("dynamic_sampling") is True  # AReaL's older name, renamed later
@@ -309,7 +299,7 @@ def _map_dynamic_bs(tree: dict[str, Any]) -> None:
             "false (refill the batch with new groups when dynamic filtering drops some) is "
             "not supported: a step trains on the groups kept; set true",
         )
-    if value not in (_MISSING, True, False):
+    if value not in (MISSING, True, False):
         raise ConfigError("dynamic_bs", f"must be true or false, got {value!r}")
 
 
@@ -317,15 +307,15 @@ def _map_critic(tree: dict[str, Any]) -> None:
     critic = tree.get("critic")
     if not isinstance(critic, dict):
         return
-    is_critic = _pop(critic, "is_critic")
+    is_critic = pop(critic, "is_critic")
     if is_critic is False:
         raise ConfigError(
             "critic.is_critic",
             "false (a critic section that is not a value model) is not supported; the critic "
             "section builds a value model here, as with true",
         )
-    eps_clip = _pop(critic, "eps_clip")
-    if eps_clip is not _MISSING:
+    eps_clip = pop(critic, "eps_clip")
+    if eps_clip is not MISSING:
         critic["value_eps_clip"] = eps_clip
 
 
@@ -333,33 +323,25 @@ def _map_lora(tree: dict[str, Any]) -> None:
     actor = tree.get("actor")
     if not isinstance(actor, dict):
         return
-    use = _pop(actor, "use_lora")
-    rollout_use = _pop(tree.get("rollout"), "use_lora")
-    flat = {k: _pop(actor, k) for k in ("lora_rank", "lora_alpha", "target_modules", "peft_type")}
-    if rollout_use is not _MISSING and rollout_use != (False if use is _MISSING else use):
+    use = pop(actor, "use_lora")
+    rollout_use = pop(tree.get("rollout"), "use_lora")
+    flat = {k: pop(actor, k) for k in ("lora_rank", "lora_alpha", "target_modules", "peft_type")}
+    if rollout_use is not MISSING and rollout_use != (False if use is MISSING else use):
         raise ConfigError(
             "rollout.use_lora",
             f"must equal actor.use_lora ({use!r}): this trainer has one setting for both, "
             f"got {rollout_use!r}",
         )
     peft = flat.pop("peft_type")
-    if peft not in (_MISSING, "lora"):
+    if peft not in (MISSING, "lora"):
         raise ConfigError("actor.peft_type", f"only lora is supported (as in AReaL), got {peft!r}")
     if use is not True:
-        if use not in (_MISSING, False, None):
+        if use not in (MISSING, False, None):
             raise ConfigError("actor.use_lora", f"must be true or false, got {use!r}")
         return
     if actor.get("lora") is not None:
         raise ConfigError("actor.use_lora", "give actor.lora or AReaL's flat LoRA keys, not both")
-    modules = flat["target_modules"]
-    if modules in (_MISSING, None, [], ["all-linear"], "all-linear"):
-        modules = None  # every linear layer but the output head, peft's all-linear
-    rank, alpha = flat["lora_rank"], flat["lora_alpha"]
-    actor["lora"] = {
-        "r": AREAL_LORA_DEFAULTS["lora_rank"] if rank is _MISSING else rank,
-        "alpha": AREAL_LORA_DEFAULTS["lora_alpha"] if alpha is _MISSING else alpha,
-        "target_modules": modules,
-    }
+    actor["lora"] = lora_section(flat)
 
 
 def _map_teacher(tree: dict[str, Any]) -> None:
@@ -379,17 +361,7 @@ def drop_server_leftovers(tree: dict[str, Any]) -> list[str]:
     for section in SERVER_LEFTOVERS:
         node = tree.pop(section, None)
         if isinstance(node, Mapping):
-            dropped += _leaf_keys(node, section + ".")
+            dropped += [key for key, _ in leaf_items(node, section + ".")]
         elif node is not None:
             dropped.append(section)
     return sorted(dropped)
-
-
-def _leaf_keys(node: Mapping[str, Any], prefix: str) -> list[str]:
-    keys: list[str] = []
-    for name, value in node.items():
-        if isinstance(value, Mapping) and value:
-            keys += _leaf_keys(value, f"{prefix}{name}.")
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys

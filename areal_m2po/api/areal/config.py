@@ -22,29 +22,44 @@ and after it is merged and its ``${...}`` interpolations resolved (:func:`transl
   prints one warning line listing them;
 * the sections and keys that take more than a rename (the critic section, the flat LoRA keys,
   the teacher section, the agent example's keys, the leftover SGLang/vLLM server knobs) are
-  :mod:`areal_m2po.api.areal_sections`' (merged into :data:`IGNORED` and :data:`MAPPED`);
+  :mod:`areal_m2po.api.areal.sections`' (merged into :data:`IGNORED` and :data:`MAPPED`);
 * a top-level key that AReaL's ``PPOConfig`` does not have either is refused as the key of an
   AReaL example script; anything else stays, so an unknown key is still a one-line error.
 
 A value this trainer cannot honour (a tensor-parallel rollout engine it would start itself,
 ``init_from_scratch: true``, Megatron, a hybrid MoE allocation, a VLM) is a one-line
 :class:`ConfigError` naming the key. The module works on plain dicts; it imports only
-:mod:`areal_m2po.api.errors` and :mod:`areal_m2po.api.areal_sections`.
+:mod:`areal_m2po.api.errors` and :mod:`areal_m2po.api.areal.sections`.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from areal_m2po.api import areal_sections
+from areal_m2po.api.areal import sections as areal_sections
+from areal_m2po.api.areal.tree import (
+    FROM_SCRATCH,
+    MISSING,
+    check_equal,
+    drop_ignored,
+    get,
+    leaf_items,
+    map_optimizer_type,
+    map_recover_mode,
+    map_train_backend,
+    parse_allocation,
+    pop,
+    pop_leaf,
+    put,
+    rule,
+)
 from areal_m2po.api.errors import ConfigError
 
 __all__ = [
     "AREAL_DEFAULTS",
     "AREAL_MARKERS",
+    "AREAL_NORM_DEFAULTS",
     "IGNORED",
     "MAPPED",
     "SWITCH",
@@ -98,6 +113,12 @@ AREAL_DEFAULTS: dict[str, Any] = {
 saves or checkpoints; an AReaL file gets them for the keys it does not set (documented in
 docs/areal_parity.md). Model, data, memory and kernel defaults stay this trainer's."""
 
+AREAL_NORM_DEFAULTS: dict[str, Any] = {"mean_level": "batch", "std_level": "batch", "group_size": 1}
+"""AReaL's ``NormConfig`` defaults where this trainer's ``NormConfig`` has others (group
+statistics over ``gconfig.n_samples``): the keys an AReaL file's ``actor.reward_norm`` or
+``actor.adv_norm`` leaves out, and the defaults of ``areal_m2po.areal.api.cli_args.NormConfig``.
+The other keys' defaults are the same in both."""
+
 _NAMED_SECTIONS = [
     "rollout",
     "actor",
@@ -139,7 +160,7 @@ IGNORED: dict[str, str] = {
     "valid_dataset.type": "AReaL's dataset kind; a prompt dataset here is always rl",
     "ref.optimizer": "the reference is never trained",
     "ref.disable_dropout": "the reference always runs in eval mode (no dropout)",
-    "*.init_from_scratch": "only false is supported (the weights at path are loaded)",
+    "*.init_from_scratch": FROM_SCRATCH,
     "sglang.skip_tokenizer_init": "the rollout always sends token ids",
     "sglang.max_running_requests": "SGLang's own batching limit (rollout.max_concurrent_rollouts "
     "bounds requests here)",
@@ -151,9 +172,6 @@ IGNORED: dict[str, str] = {
 }
 """AReaL keys with no meaning here (dotted, ``*`` any section; a section name covers all
 its keys) and why: dropped and listed in one warning line."""
-
-_ONLY_FALSE = ("init_from_scratch",)
-"""Ignored keys whose only supported value is false."""
 
 _RENAMED: dict[str, str] = {
     "actor.attn_impl": "actor.attn_implementation",
@@ -200,8 +218,7 @@ MAPPED: dict[str, str] = {
     "actor.behave_imp_weight_mode": "rejection_sampling level/action (token_mask, "
     "token_truncate, sequence_mask, sequence_truncate)",
     "actor.behav_imp_weight_mode": "as actor.behave_imp_weight_mode",
-    "actor.rejection_sampling": "AReaL's defaults for what the file leaves out (upper 5.0); "
-    "its behaviour weight is applied (actor.use_behave_imp_weight); without the decoupled "
+    "actor.rejection_sampling": "its behaviour weight is applied (actor.use_behave_imp_weight); without the decoupled "
     "loss and the recompute (the weight is 1, AReaL's SAPO does not read it) dropped and "
     "listed in the warning line",
     "actor.use_decoupled_loss": "true also sets recompute_logprob, as in AReaL",
@@ -237,76 +254,19 @@ def with_section_switches(data: Mapping[str, Any]) -> dict[str, Any]:
 def apply_areal_defaults(tree: dict[str, Any]) -> None:
     """Set :data:`AREAL_DEFAULTS` into a default tree (before a file is merged)."""
     for key, value in AREAL_DEFAULTS.items():
-        _set(tree, key, value)
-
-
-def _matches(key: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, pattern + ".*")
-
-
-def _rule(key: str, table: Mapping[str, str]) -> str | None:
-    return next((p for p in table if _matches(key, p)), None)
+        put(tree, key, value)
 
 
 def areal_key_status(key: str) -> str:
     """``"ignored"``, ``"mapped"`` or ``"honoured"`` (kept with its name and meaning) for a
     dotted key of an AReaL file."""
-    if _rule(key, IGNORED) is not None:
+    if rule(key, IGNORED) is not None:
         return "ignored"
-    if _rule(key, MAPPED) is not None:
+    if rule(key, MAPPED) is not None:
         return "mapped"
-    if _rule(key, areal_sections.SERVER_LEFTOVERS) is not None:
+    if rule(key, areal_sections.SERVER_LEFTOVERS) is not None:
         return "ignored"
     return "honoured"
-
-
-def leaf_items(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every leaf of a nested mapping (lists and empty mappings
-    are leaves)."""
-    for name, value in tree.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, Mapping) and value:
-            yield from leaf_items(value, key + ".")
-        else:
-            yield key, value
-
-
-# ---------------------------------------------------------------------------------------------
-# dotted access on plain trees
-# ---------------------------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-def _get(tree: Mapping[str, Any], key: str) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def _pop(tree: dict[str, Any], key: str) -> Any:
-    *parents, last = key.split(".")
-    node: Any = tree
-    for part in parents:
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    if not isinstance(node, dict):
-        return _MISSING
-    return node.pop(last, _MISSING)
-
-
-def _set(tree: dict[str, Any], key: str, value: Any) -> None:
-    *parents, last = key.split(".")
-    node = tree
-    for part in parents:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,14 +285,17 @@ def translate(tree: dict[str, Any], known: frozenset[str] | set[str] = frozenset
     """
     tree.pop(SWITCH, None)
     _check_rl_datasets(tree)
-    ignored = _drop_ignored(tree)
+    ignored = drop_ignored(tree, IGNORED)
     areal_sections.map_sections(tree)
     for key, target in _EQUAL.items():
-        _check_equal(tree, key, target)
+        want = get(tree, target)
+        if target == "tokenizer_path" and want is None:
+            want = get(tree, "actor.path")
+        check_equal(tree, key, target, want)
     for key, target in _RENAMED.items():
-        value = _pop(tree, key)
-        if value is not _MISSING:
-            _set(tree, target, value)
+        value = pop(tree, key)
+        if value is not MISSING:
+            put(tree, target, value)
     ignored += _map_values(tree)
     _map_backends(tree)
     if known:  # after the refusals of features, which name the real reason first
@@ -348,49 +311,13 @@ _OTHER_TRAINERS = {"sft": "train_sft", "rw": "train_rm", "dpo": "train_dpo"}
 def _check_rl_datasets(tree: dict[str, Any]) -> None:
     """Refuse an AReaL SFT, RW or DPO file given to the RL trainer, naming the entry point."""
     for section in ("train_dataset", "valid_dataset"):
-        kind = _get(tree, f"{section}.type")
+        kind = get(tree, f"{section}.type")
         if isinstance(kind, str) and kind in _OTHER_TRAINERS:
             raise ConfigError(
                 f"{section}.type",
                 f"{kind!r}: this is AReaL's {kind.upper()} config; train it with "
                 f"python -m areal_m2po.{_OTHER_TRAINERS[kind]}",
             )
-
-
-def _drop_ignored(tree: dict[str, Any]) -> list[str]:
-    """Pop every :data:`IGNORED` leaf (and the sections that leaves empty); their keys."""
-    dropped = []
-    for key, value in list(leaf_items(tree)):
-        if _rule(key, IGNORED) is None:
-            continue
-        if key.rsplit(".", 1)[-1] in _ONLY_FALSE and value not in (False, None):
-            raise ConfigError(key, f"{value!r} is not supported: {IGNORED['*.init_from_scratch']}")
-        pop_leaf(tree, key)
-        dropped.append(key)
-    return sorted(dropped)
-
-
-def pop_leaf(tree: dict[str, Any], key: str) -> None:
-    """Remove the dotted ``key`` from ``tree`` and every section that leaves empty."""
-    _pop(tree, key)
-    parent = key.rpartition(".")[0]
-    while parent and _get(tree, parent) == {}:
-        _pop(tree, parent)
-        parent = parent.rpartition(".")[0]
-
-
-def _check_equal(tree: dict[str, Any], key: str, target: str) -> None:
-    value = _pop(tree, key)
-    if value is _MISSING:
-        return
-    want = _get(tree, target)
-    if target == "tokenizer_path" and want is None:
-        want = _get(tree, "actor.path")
-    if value != want:
-        raise ConfigError(
-            key,
-            f"must equal {target} ({want!r}): this trainer has one setting for both, got {value!r}",
-        )
 
 
 _IMP_WEIGHT_MODES = {
@@ -405,133 +332,78 @@ def _map_values(tree: dict[str, Any]) -> list[str]:
     """The value rewrites of :data:`MAPPED` other than the backend strings; returns the keys
     dropped as without effect (an idle ``rejection_sampling``)."""
     for section in ("actor", "critic"):
-        key = f"{section}.optimizer.type"
-        kind = _get(tree, key)
-        if kind == "adam":
-            _set(tree, key, "adamw")
-        elif kind == "adam_bf16":
-            raise ConfigError(key, "'adam_bf16' (bf16 optimizer states) is not supported; use adam")
-    mode = _get(tree, "recover.mode")
-    if mode in ("on", "off"):
-        _set(tree, "recover.mode", "auto" if mode == "on" else "disabled")
-    concurrent = _get(tree, "rollout.max_concurrent_rollouts")
+        map_optimizer_type(tree, section)
+    map_recover_mode(tree)
+    concurrent = get(tree, "rollout.max_concurrent_rollouts")
     if isinstance(concurrent, int) and not isinstance(concurrent, bool):
-        _set(tree, "rollout.max_concurrent_rollouts", concurrent * _get(tree, "gconfig.n_samples"))
+        put(tree, "rollout.max_concurrent_rollouts", concurrent * get(tree, "gconfig.n_samples"))
     _map_imp_weight_cap(tree)
     idle = areal_sections.drop_idle_rejection_sampling(tree)
-    rs = _get(tree, "actor.rejection_sampling")
-    if isinstance(rs, dict) and "upper" not in rs:
-        rs["upper"] = 5.0
+    rs = get(tree, "actor.rejection_sampling")
+    for section in ("reward_norm", "adv_norm"):
+        norm = get(tree, f"actor.{section}")
+        if isinstance(norm, dict):  # the keys the file leaves out take AReaL's defaults
+            for key, value in AREAL_NORM_DEFAULTS.items():
+                norm.setdefault(key, value)
     # AReaL applies the behaviour weight through rejection sampling only
-    _set(tree, "actor.use_behave_imp_weight", isinstance(rs, dict))
-    if _get(tree, "actor.use_decoupled_loss") is True:  # AReaL: it implies the recompute
-        _set(tree, "actor.recompute_logprob", True)
+    put(tree, "actor.use_behave_imp_weight", isinstance(rs, dict))
+    if get(tree, "actor.use_decoupled_loss") is True:  # AReaL: it implies the recompute
+        put(tree, "actor.recompute_logprob", True)
     return idle
 
 
 def _map_imp_weight_cap(tree: dict[str, Any]) -> None:
     """AReaL's removed ``behave_imp_weight_cap``/``_mode`` (and their older spelling
     ``behav_...``) as the ``rejection_sampling`` section AReaL documents for them."""
-    cap, mode, cap_key = _MISSING, "token_mask", "actor.behave_imp_weight_cap"
+    cap, mode, cap_key = MISSING, "token_mask", "actor.behave_imp_weight_cap"
     for spelling in ("behave", "behav"):
-        found = _pop(tree, f"actor.{spelling}_imp_weight_cap")
-        if found is not _MISSING:
+        found = pop(tree, f"actor.{spelling}_imp_weight_cap")
+        if found is not MISSING:
             cap, cap_key = found, f"actor.{spelling}_imp_weight_cap"
-        found_mode = _pop(tree, f"actor.{spelling}_imp_weight_mode")
-        if found_mode is not _MISSING:
+        found_mode = pop(tree, f"actor.{spelling}_imp_weight_mode")
+        if found_mode is not MISSING:
             mode = found_mode
-    if cap is _MISSING or cap is None or mode == "disabled":
+    if cap is MISSING or cap is None or mode == "disabled":
         return
     if mode not in _IMP_WEIGHT_MODES:
         raise ConfigError(
             cap_key.replace("_cap", "_mode"),
             f"must be one of {[*_IMP_WEIGHT_MODES, 'disabled']}, got {mode!r}",
         )
-    if _get(tree, "actor.rejection_sampling") not in (None, _MISSING):
+    if get(tree, "actor.rejection_sampling") not in (None, MISSING):
         raise ConfigError(cap_key, "give rejection_sampling or the cap it replaces, not both")
     level, action = _IMP_WEIGHT_MODES[mode]
     section = {"level": level, "action": action, "metric": "ratio", "upper": cap}
-    _set(tree, "actor.rejection_sampling", section)
+    put(tree, "actor.rejection_sampling", section)
 
 
 # ---------------------------------------------------------------------------------------------
 # AReaL's backend / allocation strings
 # ---------------------------------------------------------------------------------------------
 
-_ALLOCATION = re.compile(r"^(?:(?P<engine>[a-z_0-9]+)[:.])?(?P<dims>(?:[a-z]\d+)+)$")
-
-
-def _parse(key: str, text: str) -> tuple[str | None, dict[str, int]]:
-    """``(engine or None, {letter: size})`` of an AReaL allocation string like
-    ``sglang:d4p1t1``; each of d (data), p (pipeline), t (tensor) defaults to 1."""
-    match = _ALLOCATION.match(text.strip())
-    if match is None and "(" in text:  # AReaL's hybrid MoE syntax, '(attn:...|ffn:...)'
-        engine = text.partition(":")[0].strip() if ":" in text.partition("(")[0] else None
-        raise ConfigError(
-            key,
-            f"{text!r}: a hybrid MoE allocation (separate attention/expert parallelism"
-            f"{', ' + engine + ' backend' if engine else ''}) is not supported; this trainer "
-            "shards with FSDP2 over data-parallel processes only",
-        )
-    if match is None:
-        raise ConfigError(
-            key, f"{text!r} is not an AReaL backend string like 'fsdp:d4p1t1' or 'vllm:d1p1t1'"
-        )
-    dims = {"d": 1, "p": 1, "t": 1}
-    for letter, size in re.findall(r"([a-z])(\d+)", match["dims"]):
-        dims[letter] = int(size)
-    extra = [f"{k}{v}" for k, v in dims.items() if k not in "dpt" and v != 1]
-    if extra:
-        raise ConfigError(
-            key, f"{text!r}: {', '.join(extra)} (context/expert parallel) is not supported"
-        )
-    return match["engine"], dims
-
 
 def _map_backends(tree: dict[str, Any]) -> None:
-    alloc = _pop(tree, "allocation_mode")
+    alloc = pop(tree, "allocation_mode")
     if isinstance(alloc, str) and alloc:
         rollout, _, train = alloc.rpartition("+") if "+" in alloc else ("", "", alloc)
         if rollout:
-            _set(tree, "rollout.backend", rollout.replace(".", ":", 1))
-        if _get(tree, "actor.backend") in ("ddp", _MISSING):
-            _set(tree, "actor.backend", train)
+            put(tree, "rollout.backend", rollout.replace(".", ":", 1))
+        if get(tree, "actor.backend") in ("ddp", MISSING):
+            put(tree, "actor.backend", train)
     for section in ("actor", "critic", "teacher"):
-        value = _get(tree, f"{section}.backend")
+        value = get(tree, f"{section}.backend")
         if isinstance(value, str) and value not in ("ddp", "fsdp2"):
-            _map_train_backend(tree, section, value)
-    _pop(tree, "teacher.backend")  # checked above; the teacher is placed like the reference
-    _pop(tree, "teacher.data_parallel_size")
-    value = _get(tree, "rollout.backend")
+            map_train_backend(tree, section, value)
+    pop(tree, "teacher.backend")  # checked above; the teacher is placed like the reference
+    pop(tree, "teacher.data_parallel_size")
+    value = get(tree, "rollout.backend")
     if isinstance(value, str) and value not in ("hf", "vllm"):
         _map_rollout_backend(tree, value)
 
 
-def _map_train_backend(tree: dict[str, Any], section: str, text: str) -> None:
-    key = f"{section}.backend"
-    if text.strip() == "fsdp":
-        _set(tree, key, "fsdp2")
-        return
-    engine, dims = _parse(key, text)
-    if engine not in (None, "fsdp"):
-        raise ConfigError(
-            key,
-            f"{text!r}: the {engine} backend is not supported; this trainer shards with FSDP2 "
-            f"over data-parallel processes: use 'fsdp:dN'",
-        )
-    if dims["p"] != 1 or dims["t"] != 1:
-        raise ConfigError(
-            key,
-            f"{text!r}: pipeline/tensor parallelism (p{dims['p']}, t{dims['t']}) is not "
-            "supported; this trainer shards with FSDP2 over data-parallel processes only",
-        )
-    _set(tree, key, "fsdp2" if dims["d"] > 1 else "ddp")
-    _set(tree, f"{section}.data_parallel_size", dims["d"])
-
-
 def _map_rollout_backend(tree: dict[str, Any], text: str) -> None:
     key = "rollout.backend"
-    engine, dims = _parse(key, text)
+    engine, dims = parse_allocation(key, text)
     if engine not in ("sglang", "vllm"):
         raise ConfigError(
             key,
@@ -539,7 +411,7 @@ def _map_rollout_backend(tree: dict[str, Any], text: str) -> None:
             "servers, or SGLang servers listed in rollout.server_addrs) or vllm",
         )
     parallel = dims["t"] != 1 or dims["p"] != 1
-    if engine == "sglang" and parallel and not _get(tree, "rollout.server_addrs"):
+    if engine == "sglang" and parallel and not get(tree, "rollout.server_addrs"):
         raise ConfigError(
             key,
             f"{text!r}: the servers this trainer starts hold the model on one device; start "
@@ -547,15 +419,15 @@ def _map_rollout_backend(tree: dict[str, Any], text: str) -> None:
             "rollout.server_addrs",
         )
     if engine == "vllm" and parallel:
-        if _get(tree, "rollout.vllm.placement") == "in_process":
+        if get(tree, "rollout.vllm.placement") == "in_process":
             raise ConfigError(
                 key, f"{text!r}: tensor/pipeline parallel vLLM needs rollout.vllm.placement=servers"
             )
-        args = list(_get(tree, "rollout.vllm.server_args") or [])
+        args = list(get(tree, "rollout.vllm.server_args") or [])
         args += ["--tensor-parallel-size", str(dims["t"])] if dims["t"] != 1 else []
         args += ["--pipeline-parallel-size", str(dims["p"])] if dims["p"] != 1 else []
-        _set(tree, "rollout.vllm.server_args", args)
-    _set(tree, key, "vllm" if engine == "vllm" else "hf")
-    _set(tree, "rollout.mode", "async")
-    _set(tree, "rollout.staleness", 0)
-    _set(tree, "rollout.n_servers", dims["d"])
+        put(tree, "rollout.vllm.server_args", args)
+    put(tree, key, "vllm" if engine == "vllm" else "hf")
+    put(tree, "rollout.mode", "async")
+    put(tree, "rollout.staleness", 0)
+    put(tree, "rollout.n_servers", dims["d"])

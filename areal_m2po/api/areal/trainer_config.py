@@ -31,15 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from areal_m2po.api import areal_config
-from areal_m2po.api.areal_config import (
-    _MISSING,
-    _get,
-    _map_train_backend,
-    _pop,
-    _rule,
-    _set,
-    leaf_items,
+from areal_m2po.api.areal import config as areal_config
+from areal_m2po.api.areal.tree import (
+    FROM_SCRATCH,
+    MISSING,
+    check_equal,
+    drop_ignored,
+    get,
+    lora_section,
+    map_optimizer_type,
+    map_recover_mode,
+    map_train_backend,
+    pop,
+    put,
 )
 from areal_m2po.api.config.trainers import DPOConfig, RWConfig, SFTConfig
 from areal_m2po.api.errors import ConfigError
@@ -66,7 +70,6 @@ _NAMES = (
 )
 _NO_SERVER = "an inference server's settings; SFT, reward-model and DPO runs start none"
 _LOADER = "AReaL's DataLoader/data-service workers; the records are tokenized up front here"
-_FROM_SCRATCH = "only false is supported (the weights at path are loaded)"
 
 TRAINER_IGNORED: dict[str, str] = {
     "cluster": "AReaL's cluster (nodes, GPUs per node, file root, name resolution); here "
@@ -88,7 +91,7 @@ TRAINER_IGNORED: dict[str, str] = {
     "*.scheduling_strategy": "AReaL's placement (colocation); the reference sits with the model",
     **{f"*.{key}": _LOADER for key in ("pin_memory", "num_workers", "num_dataset_workers")},
     "*.setup_timeout": "AReaL's remote data-service start-up timeout",
-    "*.init_from_scratch": _FROM_SCRATCH,
+    "*.init_from_scratch": FROM_SCRATCH,
     "actor.mb_spec.granularity": "a micro-batch here never splits an example, and a "
     "preference pair's chosen and rejected rows always stay together",
     "actor.mb_spec.n_mbs_divisor": "how AReaL rounds its micro-batch count (same loss)",
@@ -201,7 +204,7 @@ def _apply_defaults(tree: dict[str, Any], kind: str) -> None:
         defaults["recover.freq_steps"] = None
     defaults.update({f"train_dataset.{k}": v for k, v in DATASET_DEFAULTS[kind].items()})
     for key, value in defaults.items():
-        _set(tree, key, value)
+        put(tree, key, value)
 
 
 def _areal_key(key: str, kind: str) -> str:
@@ -238,9 +241,7 @@ def translate(tree: dict[str, Any], kind: str) -> list[str]:
     _map_backend(tree, kind)
     _map_engine_keys(tree, kind)
     _map_datasets(tree, kind)
-    mode = _get(tree, "recover.mode")
-    if mode in ("on", "off"):
-        _set(tree, "recover.mode", "auto" if mode == "on" else "disabled")
+    map_recover_mode(tree)
     actor = tree.pop("actor", None)
     if isinstance(actor, dict):
         _merge(tree.setdefault("model", {}), actor)
@@ -263,7 +264,7 @@ def _refuse_unsupported(tree: dict[str, Any]) -> None:
     """One-line errors for what AReaL has and this trainer does not: Megatron, Archon (FP8),
     hybrid MoE allocations, vision-language datasets."""
     for key in ("train_dataset.path", "valid_dataset.path"):
-        path = _get(tree, key)
+        path = get(tree, key)
         if isinstance(path, str) and any(name in path.lower() for name in _VLM_DATASETS):
             raise ConfigError(
                 key,
@@ -271,14 +272,14 @@ def _refuse_unsupported(tree: dict[str, Any]) -> None:
                 "trains text-only causal LMs (no image inputs)",
             )
     for key in ("actor.backend", "allocation_mode"):
-        text = _get(tree, key)
+        text = get(tree, key)
         if not isinstance(text, str) or _engine_name(text) not in ("megatron", "archon"):
             continue
         engine = _engine_name(text)
         what = f"AReaL's {engine.capitalize()} engine"
         if "(" in text or "|" in text:
             what += " with a hybrid MoE allocation (attention/expert parallel parts)"
-        if _get(tree, f"actor.{engine}.fp8_config") not in (_MISSING, None):
+        if get(tree, f"actor.{engine}.fp8_config") not in (MISSING, None):
             what += f" (with FP8 training, actor.{engine}.fp8_config)"
         raise ConfigError(
             key,
@@ -286,7 +287,7 @@ def _refuse_unsupported(tree: dict[str, Any]) -> None:
             "over data-parallel processes: use 'fsdp:dN'",
         )
     for engine in ("megatron", "archon"):
-        if _get(tree, f"actor.{engine}") not in (_MISSING, None):
+        if get(tree, f"actor.{engine}") not in (MISSING, None):
             raise ConfigError(
                 f"actor.{engine}",
                 f"settings of AReaL's {engine.capitalize()} engine, which is not supported here",
@@ -301,101 +302,76 @@ def _drop_ignored(tree: dict[str, Any], kind: str) -> list[str]:
     if kind == "rw":
         _check_rw_recover(tree)
         table["recover"] = _RW_RECOVER
-    dropped = []
-    for key, value in list(leaf_items(tree)):
-        if kind == "dpo" and key in ("ref.path", "ref.backend", "ref.dtype"):
-            continue
-        if _rule(key, table) is None:
-            continue
-        if key.endswith(".init_from_scratch") and value not in (False, None):
-            raise ConfigError(key, f"{value!r} is not supported: {_FROM_SCRATCH}")
-        areal_config.pop_leaf(tree, key)
-        dropped.append(key)
-    return dropped
+    keep = ("ref.path", "ref.backend", "ref.dtype") if kind == "dpo" else ()
+    return drop_ignored(tree, table, keep)
 
 
 def _check_rw_recover(tree: dict[str, Any]) -> None:
-    mode = _get(tree, "recover.mode")
-    if mode not in (_MISSING, None, "disabled", "off"):
+    mode = get(tree, "recover.mode")
+    if mode not in (MISSING, None, "disabled", "off"):
         raise ConfigError(
             "recover.mode",
             f"{mode!r}: train_rm writes no resumable checkpoints; set recover.mode: disabled",
         )
 
 
-def _check_equal(tree: dict[str, Any], key: str, target: str) -> None:
-    value = _pop(tree, key)
-    want = _get(tree, target)
-    if value is not _MISSING and value != want:
-        raise ConfigError(
-            key,
-            f"must equal {target} ({want!r}): this trainer has one setting for both, got {value!r}",
-        )
-
-
 def _map_ref(tree: dict[str, Any]) -> None:
     """DPO's ``ref`` section: ``ref.path`` -> ``ref_path`` (null for the start model), backend
     and dtype checked equal to the actor's; the rest was dropped with the ignored keys."""
-    _check_equal(tree, "ref.backend", "actor.backend")
-    _check_equal(tree, "ref.dtype", "actor.dtype")
-    path = _pop(tree, "ref.path")
-    if path is not _MISSING:
-        start = _get(tree, "actor.path")
-        start = _get(tree, "model.path") if start is _MISSING else start
+    check_equal(tree, "ref.backend", "actor.backend")
+    check_equal(tree, "ref.dtype", "actor.dtype")
+    path = pop(tree, "ref.path")
+    if path is not MISSING:
+        start = get(tree, "actor.path")
+        start = get(tree, "model.path") if start is MISSING else start
         tree["ref_path"] = None if path == start else path
     if tree.get("ref") in ({}, None):
         tree.pop("ref", None)
 
 
 def _map_backend(tree: dict[str, Any], kind: str) -> None:
-    alloc = _pop(tree, "allocation_mode")
-    if isinstance(alloc, str) and alloc and _get(tree, "actor.backend") is _MISSING:
+    alloc = pop(tree, "allocation_mode")
+    if isinstance(alloc, str) and alloc and get(tree, "actor.backend") is MISSING:
         if "+" in alloc:
             raise ConfigError(
                 "allocation_mode",
                 f"{alloc!r} allocates a rollout engine; {_ENTRY[kind]} has none: give the "
                 "training part only ('fsdp:dN')",
             )
-        _set(tree, "actor.backend", alloc)
-    text = _get(tree, "actor.backend")
+        put(tree, "actor.backend", alloc)
+    text = get(tree, "actor.backend")
     if not isinstance(text, str) or text in ("ddp", "fsdp2"):
         return
-    _map_train_backend(tree, "actor", text)  # errors for other engines, p/t parallelism
+    map_train_backend(tree, "actor", text)  # errors for other engines, p/t parallelism
     if kind == "rw":  # the reward model trains data parallel over whatever is launched
-        _pop(tree, "actor.backend")
-        _pop(tree, "actor.data_parallel_size")
+        pop(tree, "actor.backend")
+        pop(tree, "actor.data_parallel_size")
 
 
 def _map_engine_keys(tree: dict[str, Any], kind: str) -> None:
-    optimizer_type = _get(tree, "actor.optimizer.type")
-    if optimizer_type == "adam":
-        _set(tree, "actor.optimizer.type", "adamw")
-    elif optimizer_type == "adam_bf16":
-        raise ConfigError(
-            "actor.optimizer.type", "'adam_bf16' (bf16 optimizer states) is not supported; use adam"
-        )
-    impl = _pop(tree, "actor.attn_impl")
-    if impl is not _MISSING:
-        _set(tree, "actor.attn_implementation", impl)
-    critic = _pop(tree, "actor.is_critic")
+    map_optimizer_type(tree, "actor")
+    impl = pop(tree, "actor.attn_impl")
+    if impl is not MISSING:
+        put(tree, "actor.attn_implementation", impl)
+    critic = pop(tree, "actor.is_critic")
     want = kind == "rw"
-    if critic is not _MISSING and critic is not want:
+    if critic is not MISSING and critic is not want:
         raise ConfigError(
             "actor.is_critic",
             f"must be {str(want).lower()} for {_ENTRY[kind]} (AReaL's "
             f"{kind.upper()}Config requires it), got {critic!r}",
         )
     _map_lora(tree)
-    temperature = _pop(tree, "actor.temperature")
-    if temperature not in (_MISSING, 1, 1.0):
+    temperature = pop(tree, "actor.temperature")
+    if temperature not in (MISSING, 1, 1.0):
         raise ConfigError(
             "actor.temperature",
             f"{temperature!r}: only 1 is supported (AReaL divides the trained logits by it)",
         )
     if kind == "dpo":
         for name in ("beta", "loss_type"):
-            value = _pop(tree, f"actor.{name}")
-            if value is not _MISSING:
+            value = pop(tree, f"actor.{name}")
+            if value is not MISSING:
                 tree[name] = value
 
 
@@ -405,22 +381,14 @@ _LORA_KEYS = ("use_lora", "lora_rank", "lora_alpha", "target_modules", "peft_typ
 def _map_lora(tree: dict[str, Any]) -> None:
     """AReaL's flat LoRA keys as the ``lora`` section (AReaL's defaults: rank 32, alpha 16,
     every linear layer)."""
-    found = {name: _pop(tree, f"actor.{name}") for name in _LORA_KEYS}
+    found = {name: pop(tree, f"actor.{name}") for name in _LORA_KEYS}
     if found["use_lora"] is not True:
         return  # AReaL reads the other keys only with use_lora
-    if found["peft_type"] not in (_MISSING, "lora"):
+    if found["peft_type"] not in (MISSING, "lora"):
         raise ConfigError(
             "actor.peft_type", f"{found['peft_type']!r}: only lora is supported (as in AReaL)"
         )
-    rank, alpha = found["lora_rank"], found["lora_alpha"]
-    lora: dict[str, Any] = {
-        "r": 32 if rank is _MISSING else rank,
-        "alpha": 16 if alpha is _MISSING else alpha,
-    }
-    modules = found["target_modules"]
-    if modules not in (_MISSING, None, [], ["all-linear"]):
-        lora["target_modules"] = modules
-    _set(tree, "actor.lora", lora)
+    put(tree, "actor.lora", lora_section(found))
 
 
 def _map_datasets(tree: dict[str, Any], kind: str) -> None:

@@ -1,65 +1,71 @@
-"""AReaL's loss functions with AReaL's contract, computed by this package's maths.
+"""AReaL's ``areal.utils.functional`` (areal-project/AReaL cbff54d6,
+``areal/utils/functional/functional.py``) with AReaL's contract, computed by this package's
+maths; each name is an adapter of layouts, arguments and statistics:
 
-Code written for AReaL (``areal/utils/functional/functional.py``) keeps its calls:
+=================================  =====================================================
+AReaL                              this package
+=================================  =====================================================
+``ppo_actor_loss_fn``              :func:`areal_m2po.algo.ppo_loss.ppo_token_terms`
+``sapo_loss_fn``                   :func:`areal_m2po.algo.sapo_loss.sapo_token_terms`
+``cispo_loss_fn``                  :func:`areal_m2po.algo.cispo_loss.cispo_token_terms`
+``ppo_critic_loss_fn``             :func:`areal_m2po.algo.critic_loss.critic_token_terms`
+``dpo_pair_logratios``             :func:`areal_m2po.algo.dpo.dpo_pair_logratios` (packed)
+``dpo_preference_loss``            :func:`areal_m2po.algo.dpo.dpo_preference_loss`
+``apply_rejection_sampling``       :func:`areal_m2po.algo.rejection_sampling.apply_rejection_sampling`
+``masked_normalization``           :func:`areal_m2po.algo.normalization.normalization_stats`
+``compute_binary_kl_divergence``   :func:`areal_m2po.algo.kl.binary_kl`
+``reward_overlong_penalty``        :func:`areal_m2po.algo.reward_shaping.overlong_reward_penalty`
+=================================  =====================================================
 
-* AReaL's DPO functions :func:`dpo_pair_logratios` (its packed layout) and
-  :func:`dpo_preference_loss` (:mod:`~areal_m2po.algo.dpo`).
-* :func:`ppo_actor_loss_fn`, :func:`sapo_loss_fn`, :func:`cispo_loss_fn`,
-  :func:`ppo_critic_loss_fn` take AReaL's positional and keyword arguments and return
-  ``(loss, stat)``, ``stat`` holding AReaL's keys as PER-TOKEN tensors of the input's shape
+* The losses take AReaL's positional and keyword arguments and return ``(loss, stat)``,
+  ``stat`` holding AReaL's keys as PER-TOKEN tensors of the input's shape
   (``importance_weight``, ``approx_kl``, ``clip_mask``, ``dual_clip_mask``, ``loss``; with
   ``rejection_sampling`` also ``behave_imp_weight``, ``behave_approx_kl``, ``behave_mask``
   and the float ``filtered_fraction``; SAPO adds ``sapo_soft_gate``,
   ``sapo_scaled_gate_pos``/``_neg``), which a stats tracker reduces under its own masks.
 * Inputs are 2-D padded ``[B, T]`` or 1-D packed ``[N]`` with ``cu_seqlens`` (int ``[B + 1]``,
-  the sequence boundaries, as AReaL's ``pack_tensor_dict`` makes them); sequence-level
-  importance sampling (GSPO) and sequence-level rejection sampling then act per packed
-  sequence. A 1-D input without ``cu_seqlens`` is one sequence for token-level options and
-  refused for sequence-level ones, as in AReaL.
+  :mod:`._layout`); sequence-level importance sampling (GSPO) and sequence-level rejection
+  sampling then act per packed sequence. A 1-D input without ``cu_seqlens`` is one sequence
+  for token-level options and refused for sequence-level ones, as in AReaL.
 * AReaL's semantics: the loss is a token mean over ``loss_mask`` (its count before rejection
   sampling); without ``rejection_sampling`` no behaviour weight is applied (``old_logprobs``
-  is then unused); M2PO acts by the caller narrowing ``loss_mask``
-  (:func:`_apply_m2po_masking`), so the denominator is the kept count. The same checks
-  refuse the same arguments, with messages saying what AReaL's say; where AReaL asserts,
-  :class:`ContractError` is both an ``AssertionError`` and a ``ValueError``. This module also
-  refuses some values AReaL lets through (negative clip ranges, non-bool masks,
-  mismatched shapes, malformed ``cu_seqlens``).
-* The stat tensors equal AReaL's at every position, masked-out ones included (where AReaL's
-  formulas read masked-out inputs, so do they here).
+  is then unused); M2PO acts by the caller narrowing ``loss_mask``, so the denominator is the
+  kept count. The same checks refuse the same arguments, with messages saying what AReaL's
+  say; where AReaL asserts, :class:`ContractError` is both an ``AssertionError`` and a
+  ``ValueError``. Some values AReaL lets through are refused (negative clip ranges, non-bool
+  masks, mismatched shapes, malformed ``cu_seqlens``).
+* The stat tensors equal AReaL's at every position, masked-out ones included.
 
-The maths is the package's (:mod:`~areal_m2po.algo.ppo_loss`,
-:mod:`~areal_m2po.algo.sapo_loss`, :mod:`~areal_m2po.algo.cispo_loss`,
-:mod:`~areal_m2po.algo.critic_loss`, :mod:`~areal_m2po.algo.m2po`); this module only adapts
-layouts, arguments and statistics. The trainer's own loss path keeps its reduced statistics.
-It imports only torch and :mod:`areal_m2po.algo`; it keeps no state.
+Keeps no state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
-from areal_m2po.algo import dpo, m2po
+from areal_m2po.algo import dpo
 from areal_m2po.algo.aggregation import agg_loss
 from areal_m2po.algo.cispo_loss import cispo_token_terms, cispo_weight
 from areal_m2po.algo.critic_loss import critic_token_terms
 from areal_m2po.algo.options import IMPORTANCE_SAMPLING_LEVELS, VALUE_LOSS_TYPES
 from areal_m2po.algo.ppo_loss import PolicyLossTerms, PPOLossSpec, clipped_pg, ppo_token_terms
-from areal_m2po.algo.rejection_sampling import RejectionSampling
+from areal_m2po.algo.reward_shaping import overlong_reward_penalty
 from areal_m2po.algo.sapo_loss import sapo_gate, sapo_token_terms
+from areal_m2po.areal.utils._norm import masked_normalization
+from areal_m2po.areal.utils.functional._layout import Layout, layout
+from areal_m2po.areal.utils.functional.rejection import as_options, rs_layout_message
 
 __all__ = [
     "ContractError",
-    "_apply_m2po_masking",
-    "_get_m2po_loss_mask",
     "cispo_loss_fn",
     "dpo_pair_logratios",
     "dpo_preference_loss",
+    "masked_normalization",
     "ppo_actor_loss_fn",
     "ppo_critic_loss_fn",
+    "reward_overlong_penalty",
     "sapo_loss_fn",
 ]
 
@@ -76,73 +82,10 @@ class ContractError(ValueError, AssertionError):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where each of the caller's tokens sits in the ``[rows, width]`` grid the maths takes:
-    ``index`` (row, column) per packed token, or None when the caller's tensor is already
-    ``[B, T]`` or is a 1-D single sequence."""
-
-    shape: torch.Size
-    index: tuple[torch.Tensor, torch.Tensor] | None
-    rows: int
-    width: int
-
-    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """The caller's tensor as rows (packed: padding cells 0 / False; differentiable)."""
-        if self.index is None:
-            return x if x.ndim == 2 else x.reshape(1, -1)
-        out = torch.zeros((self.rows, self.width), dtype=x.dtype, device=x.device)
-        return out.index_put(self.index, x)
-
-    def to_caller(self, y: torch.Tensor) -> torch.Tensor:
-        """Rows back in the caller's layout (packed: the padding cells dropped)."""
-        if self.index is None:
-            return y.reshape(self.shape)
-        return y[self.index]
-
-
 _NEED_CU_SEQLENS = (
     "cu_seqlens is required for 1D tensors (packed format) with sequence-level importance "
     "sampling; for a single sequence use cu_seqlens=torch.tensor([0, seq_len], dtype=torch.int32)"
 )
-_NEED_CU_SEQLENS_RS = "cu_seqlens is required for 1D packed tensors in sequence-level filtering."
-
-
-def _layout(x: torch.Tensor, cu_seqlens: torch.Tensor | None, missing: str | None) -> _Layout:
-    """The layout of ``x``: 2-D as it is; 1-D packed by ``cu_seqlens``, or (None) one
-    sequence, unless ``missing`` is the message refusing that.
-
-    Raises:
-        ValueError: ``x`` is not 1-D or 2-D; ``cu_seqlens`` is not a valid boundary list of
-            ``x``; ``missing`` is set and ``cu_seqlens`` is None for a 1-D ``x``.
-    """
-    if x.ndim not in (1, 2):
-        raise ValueError(f"Expected 1D (packed) or 2D (padded) tensors, got ndim={x.ndim}")
-    if x.ndim == 2 or (cu_seqlens is None and missing is None):
-        rows, width = (x.shape[0], x.shape[1]) if x.ndim == 2 else (1, x.shape[0])
-        return _Layout(x.shape, None, rows, width)
-    if cu_seqlens is None:
-        raise ValueError(missing)
-    cu = cu_seqlens
-    if (
-        not isinstance(cu, torch.Tensor)
-        or cu.ndim != 1
-        or cu.numel() < 2
-        or cu.is_floating_point()
-        or int(cu[0]) != 0
-        or int(cu[-1]) != x.shape[0]
-        or bool((cu[1:] < cu[:-1]).any())
-    ):
-        raise ValueError(
-            "cu_seqlens must be a 1-D integer tensor of sequence boundaries from 0 to the "
-            f"{x.shape[0]} packed tokens, non-decreasing, got {cu!r}"
-        )
-    cu = cu.to(device=x.device, dtype=torch.long)
-    lengths = cu[1:] - cu[:-1]
-    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=x.device), lengths)
-    col = torch.arange(x.shape[0], device=x.device) - cu[row]
-    width = max(int(lengths.max()), 1)
-    return _Layout(x.shape, (row, col), int(lengths.numel()), width)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,21 +98,6 @@ def _check_level(level: Any) -> None:
         raise ValueError(
             f"Invalid importance_sampling_level: {level}. Must be 'token' or 'sequence'."
         )
-
-
-def _rejection_sampling(rs: Any) -> RejectionSampling | None:
-    """AReaL's ``rejection_sampling`` argument (its config section, or any object or mapping
-    with :class:`RejectionSampling`'s field names; fields it lacks take the loss's defaults)
-    as a checked :class:`RejectionSampling`."""
-    if rs is None or isinstance(rs, RejectionSampling):
-        return rs
-    if not isinstance(rs, Mapping):
-        rs = {f.name: getattr(rs, f.name) for f in fields(RejectionSampling) if hasattr(rs, f.name)}
-    return RejectionSampling(**rs)
-
-
-def _rs_layout_message(rs: RejectionSampling | None) -> str | None:
-    return _NEED_CU_SEQLENS_RS if rs is not None and rs.level == "sequence" else None
 
 
 def _float(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -193,7 +121,7 @@ def _count_stats(keep: torch.Tensor, total: int) -> Stat:
 
 
 def _behave_stats(
-    terms: PolicyLossTerms, lay: _Layout, prox: torch.Tensor, behave: torch.Tensor
+    terms: PolicyLossTerms, lay: Layout, prox: torch.Tensor, behave: torch.Tensor
 ) -> Stat:
     """The rejection-sampling stats: the bounded behaviour weight on the kept tokens (0
     elsewhere), the tokens it is positive on, their ``prox - behave`` and the filtered
@@ -249,9 +177,9 @@ def ppo_actor_loss_fn(
     _check_level(importance_sampling_level)
     if c_clip is not None and not c_clip > 1.0:
         raise ContractError(f"c_clip must be > 1.0, got {c_clip}")
-    rs = _rejection_sampling(rejection_sampling)
+    rs = as_options(rejection_sampling)
     missing = _NEED_CU_SEQLENS if importance_sampling_level == "sequence" else None
-    lay = _layout(logprobs, cu_seqlens, missing or _rs_layout_message(rs))
+    lay = layout(logprobs, cu_seqlens, missing or rs_layout_message(rs))
     spec = PPOLossSpec(eps_clip, eps_clip_higher, c_clip, rs, importance_sampling_level)
     behave = old_logprobs if rs is not None else proximal_logprobs
     rows = lay.to_rows
@@ -307,7 +235,7 @@ def sapo_loss_fn(
         raise ValueError("SAPO temperatures (tau_pos, tau_neg) must be positive.")
     _check_level(importance_sampling_level)
     missing = _NEED_CU_SEQLENS if importance_sampling_level == "sequence" else None
-    lay = _layout(logprobs, cu_seqlens, missing)
+    lay = layout(logprobs, cu_seqlens, missing)
     rows = lay.to_rows
     terms = sapo_token_terms(
         rows(logprobs), rows(old_logprobs), rows(advantages), tau_pos, tau_neg,
@@ -362,11 +290,11 @@ def cispo_loss_fn(
         ValueError: ``eps_clip_higher`` None or not positive; ``rejection_sampling`` without
             ``old_logprobs``.
     """
-    rs = _rejection_sampling(rejection_sampling)
+    rs = as_options(rejection_sampling)
     if rs is not None and old_logprobs is None:
         raise ValueError("old_logprobs is required when rejection_sampling is set")
     spec = PPOLossSpec(eps_clip, eps_clip_higher, None, rs)
-    lay = _layout(logprobs, cu_seqlens, _rs_layout_message(rs))
+    lay = layout(logprobs, cu_seqlens, rs_layout_message(rs))
     behave = old_logprobs if old_logprobs is not None and rs is not None else proximal_logprobs
     rows = lay.to_rows
     terms = cispo_token_terms(
@@ -421,33 +349,6 @@ def ppo_critic_loss_fn(
     mask = torch.ones_like(clip) if loss_mask is None else loss_mask.bool()
     loss = agg_loss(token_loss, mask, mask)
     return loss, {"clip_mask": clip & mask, "loss": token_loss.detach()}
-
-
-def _get_m2po_loss_mask(sorted_m2: torch.Tensor, m2_threshold: float) -> torch.Tensor:
-    """AReaL's helper: the M2PO keep mask (bool ``[N]``, True = keep) over 1-D m2 values
-    already sorted in descending order, i.e. :func:`m2po.m2po_keep_mask` of them.
-
-    Raises:
-        ValueError: ``sorted_m2`` is not sorted in descending order (and the errors of
-            :func:`m2po.m2po_keep_mask`).
-    """
-    keep = m2po.m2po_keep_mask(sorted_m2, m2_threshold)
-    if bool((sorted_m2[1:] > sorted_m2[:-1]).any()):
-        raise ValueError("sorted_m2 must be sorted in descending order")
-    return keep
-
-
-def _apply_m2po_masking(
-    old_logp: torch.Tensor,
-    prox_logp: torch.Tensor,
-    loss_mask: torch.Tensor,
-    m2_threshold: float,
-) -> torch.Tensor:
-    """AReaL's ``_apply_m2po_masking``: the M2PO keep mask (bool, ``loss_mask``'s shape, False
-    outside it) of one batch over every valid token, which the caller passes to the loss as
-    its ``loss_mask``: :func:`m2po.m2po_mask` without its statistics, with AReaL's name
-    ``old_logp`` for its ``behave_logp``."""
-    return m2po.m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold, stats_dtype=None)[0]
 
 
 def dpo_pair_logratios(
@@ -506,3 +407,23 @@ def dpo_preference_loss(
     if loss_type not in ("sigmoid", "ipo"):
         raise ValueError(f"Unsupported DPO loss_type: {loss_type!r}")
     return dpo.dpo_preference_loss(logits.float(), beta=beta, loss_type=loss_type)
+
+
+def reward_overlong_penalty(
+    data: dict[str, Any],
+    overlong_tokens: int,
+    overlong_penalty_factor: float,
+    max_response_length: int,
+) -> dict[str, Any]:
+    """``data`` with DAPO's soft overlong penalty
+    (:func:`areal_m2po.algo.reward_shaping.overlong_reward_penalty`) added to
+    ``data["rewards"]`` ``[B]`` in place, the response length being
+    ``data["loss_mask"].sum(-1)``. Unlike AReaL, ``overlong_tokens`` outside ``(0,
+    max_response_length]`` and a negative factor are refused (one-line ValueError)."""
+    rewards = data["rewards"]
+    lengths = data["loss_mask"].sum(dim=-1)
+    shaped = overlong_reward_penalty(
+        rewards, lengths, overlong_tokens, overlong_penalty_factor, max_response_length
+    )
+    rewards.copy_(shaped)
+    return data
