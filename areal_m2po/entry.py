@@ -67,11 +67,14 @@ def config_main(
     if print_config:
         sys.stdout.write(config_to_yaml(cfg))
         return 0
+    train_fn: Callable[[Any], int | None]
     if isinstance(run_training, str):
         module, _, name = run_training.partition(":")
-        run_training = getattr(importlib.import_module(module), name)
+        train_fn = getattr(importlib.import_module(module), name)
+    else:
+        train_fn = run_training
     try:
-        status = run_training(cfg)
+        status = train_fn(cfg)
     except ConfigError as exc:
         print_error(exc)
         return EXIT_BAD_CONFIG

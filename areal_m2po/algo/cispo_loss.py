@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import torch
 
-from areal_m2po.algo.aggregation import agg_loss
 from areal_m2po.algo.ppo_loss import (
     PolicyLossTerms,
     PPOLossSpec,
-    policy_loss_stats,
-    prepared_inputs,
+    WeightedInputs,
+    aggregate_policy_loss,
+    build_policy_terms,
+    weighted_inputs,
 )
-from areal_m2po.algo.rejection_sampling import as_rejection_sampling, behaviour_weight
 
-__all__ = ["check_cispo_spec", "cispo_loss", "cispo_token_terms", "cispo_weight"]
+__all__ = ["check_cispo_spec", "cispo_loss", "cispo_terms", "cispo_token_terms", "cispo_weight"]
 
 
 def check_cispo_spec(spec: PPOLossSpec) -> None:
@@ -73,25 +73,20 @@ def cispo_token_terms(
     ``clip_active`` marks the valid tokens whose ratio lies outside the clip band (CISPO
     clips their weight but keeps their gradient)."""
     check_cispo_spec(spec)
-    lp, prox, behave, adv, valid, cand = prepared_inputs(
-        logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask
-    )
-    rs = as_rejection_sampling(spec.rejection_sampling)
-    w, keep, affected = behaviour_weight(rs, prox, behave, valid, cand)
-    ratio = torch.exp(torch.where(valid, lp.detach() - prox, 0.0))
+    x = weighted_inputs(logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask)
+    return cispo_terms(x, spec)
+
+
+def cispo_terms(x: WeightedInputs, spec: PPOLossSpec) -> PolicyLossTerms:
+    """CISPO's per-token terms over ``x`` (``spec`` checked by :func:`check_cispo_spec`)."""
+    ratio = torch.exp(torch.where(x.valid, x.lp.detach() - x.prox, 0.0))
     clipped = cispo_weight(ratio, spec.eps_clip, spec.eps_clip_upper)
-    return PolicyLossTerms(
-        token_loss=-clipped * adv * w * lp,
-        valid=valid,
-        keep=keep,
+    return build_policy_terms(
+        x,
+        token_loss=-clipped * x.adv * x.behave_weight * x.lp,
         ratio=ratio,
-        advantages=adv,
-        clip_active=valid & (clipped != ratio),
-        dual_active=torch.zeros_like(valid),
-        behave_weight=w,
-        rejected=affected,
-        approx_kl=prox - lp.detach(),
-        behave_approx_kl=behave - prox,
+        advantages=x.adv,
+        clip_active=x.valid & (clipped != ratio),
     )
 
 
@@ -121,7 +116,4 @@ def cispo_loss(
         ValueError, TypeError: one line naming the culprit argument.
     """
     terms = cispo_token_terms(logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask)
-    loss = agg_loss(
-        terms.token_loss, terms.keep, terms.valid, spec.loss_agg_mode, spec.max_tokens_norm
-    )
-    return loss, policy_loss_stats(loss, terms)
+    return aggregate_policy_loss(terms, spec)

@@ -36,7 +36,7 @@ class _ChunkedLabelLogProb(torch.autograd.Function):
     ``chunk_size`` rows; saves only the logits (no copy), the labels and the logsumexp."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         labels: torch.Tensor,
@@ -68,7 +68,7 @@ class _ChunkedLabelLogProb(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_out: torch.Tensor, _grad_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, None, None, None, None]:
         logits, labels, lse_all = ctx.saved_tensors

@@ -38,11 +38,16 @@ from areal_m2po.algo.rejection_sampling import (
 __all__ = [
     "PPOLossSpec",
     "PolicyLossTerms",
+    "WeightedInputs",
+    "aggregate_policy_loss",
+    "build_policy_terms",
     "clipped_pg",
+    "clipped_terms",
     "policy_loss_stats",
     "ppo_actor_loss",
     "ppo_token_terms",
     "prepared_inputs",
+    "weighted_inputs",
 ]
 
 
@@ -238,6 +243,99 @@ def prepared_inputs(
     )
 
 
+@dataclass(frozen=True)
+class WeightedInputs:
+    """A policy loss's checked inputs with the behaviour weight, all ``[B, T]`` in the compute
+    dtype (:func:`weighted_inputs`): ``lp`` (current log-probs, differentiable), ``prox``,
+    ``behave`` and ``adv`` (detached; ``adv`` 0 outside ``valid``), ``valid`` (bool, the
+    ``loss_mask``), ``keep`` (bool, valid and kept by M2PO and rejection sampling),
+    ``behave_weight`` and ``rejected`` (from :func:`behaviour_weight`)."""
+
+    lp: torch.Tensor
+    prox: torch.Tensor
+    behave: torch.Tensor
+    adv: torch.Tensor
+    valid: torch.Tensor
+    keep: torch.Tensor
+    behave_weight: torch.Tensor
+    rejected: torch.Tensor
+
+
+def weighted_inputs(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behave_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    spec: PPOLossSpec,
+    m2po_mask: torch.Tensor | None,
+) -> WeightedInputs:
+    """:func:`prepared_inputs`, then the behaviour weight ``pi_prox / pi_behave`` under
+    ``spec.rejection_sampling`` (:func:`behaviour_weight`): the common start of the clipped
+    and CISPO losses (the arguments of :func:`ppo_actor_loss`)."""
+    lp, prox, behave, adv, valid, cand = prepared_inputs(
+        logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask
+    )
+    rs = as_rejection_sampling(spec.rejection_sampling)  # already one: returned as it is
+    w, keep, affected = behaviour_weight(rs, prox, behave, valid, cand)
+    return WeightedInputs(lp, prox, behave, adv, valid, keep, w, affected)
+
+
+def build_policy_terms(
+    x: WeightedInputs,
+    *,
+    token_loss: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_active: torch.Tensor,
+    dual_active: torch.Tensor | None = None,
+) -> PolicyLossTerms:
+    """The :class:`PolicyLossTerms` of a loss over ``x``: its own ``token_loss`` (behaviour
+    weight applied), ``ratio`` (detached), ``advantages``, ``clip_active`` and
+    ``dual_active`` (None: no dual clip); the masks, the behaviour weight and the KL terms
+    from ``x``."""
+    return PolicyLossTerms(
+        token_loss=token_loss,
+        valid=x.valid,
+        keep=x.keep,
+        ratio=ratio,
+        advantages=advantages,
+        clip_active=clip_active,
+        dual_active=torch.zeros_like(x.valid) if dual_active is None else dual_active,
+        behave_weight=x.behave_weight,
+        rejected=x.rejected,
+        approx_kl=x.prox - x.lp.detach(),
+        behave_approx_kl=x.behave - x.prox,
+    )
+
+
+def aggregate_policy_loss(
+    terms: PolicyLossTerms, spec: PPOLossSpec
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(loss, stats)`` of ``terms``: :func:`agg_loss` of the kept tokens' losses under
+    ``spec``'s aggregation, and :func:`policy_loss_stats`."""
+    loss = agg_loss(
+        terms.token_loss, terms.keep, terms.valid, spec.loss_agg_mode, spec.max_tokens_norm
+    )
+    return loss, policy_loss_stats(loss, terms)
+
+
+def clipped_terms(x: WeightedInputs, spec: PPOLossSpec) -> PolicyLossTerms:
+    """The clipped PPO loss's per-token terms over ``x`` (see :func:`ppo_actor_loss`)."""
+    ratio, adv = policy_ratio(x.lp, x.prox, x.adv, x.valid, x.keep, spec.importance_sampling_level)
+    pg, clip_active, dual_active = clipped_pg(
+        ratio, adv, spec.eps_clip, spec.eps_clip_upper, spec.c_clip
+    )
+    return build_policy_terms(
+        x,
+        token_loss=pg * x.behave_weight,
+        ratio=ratio.detach(),
+        advantages=adv,
+        clip_active=clip_active,
+        dual_active=dual_active,
+    )
+
+
 def ppo_token_terms(
     logp: torch.Tensor,
     prox_logp: torch.Tensor,
@@ -248,28 +346,8 @@ def ppo_token_terms(
     m2po_mask: torch.Tensor | None = None,
 ) -> PolicyLossTerms:
     """The per-token terms of :func:`ppo_actor_loss` (same arguments), before aggregation."""
-    lp, prox, behave, adv, valid, cand = prepared_inputs(
-        logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask
-    )
-    rs = as_rejection_sampling(spec.rejection_sampling)  # already one: returned as it is
-    w, keep, affected = behaviour_weight(rs, prox, behave, valid, cand)
-    ratio, adv = policy_ratio(lp, prox, adv, valid, keep, spec.importance_sampling_level)
-    pg, clip_active, dual_active = clipped_pg(
-        ratio, adv, spec.eps_clip, spec.eps_clip_upper, spec.c_clip
-    )
-    return PolicyLossTerms(
-        token_loss=pg * w,
-        valid=valid,
-        keep=keep,
-        ratio=ratio.detach(),
-        advantages=adv,
-        clip_active=clip_active,
-        dual_active=dual_active,
-        behave_weight=w,
-        rejected=affected,
-        approx_kl=prox - lp.detach(),
-        behave_approx_kl=behave - prox,
-    )
+    x = weighted_inputs(logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask)
+    return clipped_terms(x, spec)
 
 
 def ppo_actor_loss(
@@ -310,7 +388,4 @@ def ppo_actor_loss(
         (valid tokens rejected, or whose weight was clamped), ``actor/pg_loss``.
     """
     terms = ppo_token_terms(logp, prox_logp, behave_logp, advantages, loss_mask, spec, m2po_mask)
-    loss = agg_loss(
-        terms.token_loss, terms.keep, terms.valid, spec.loss_agg_mode, spec.max_tokens_norm
-    )
-    return loss, policy_loss_stats(loss, terms)
+    return aggregate_policy_loss(terms, spec)

@@ -150,7 +150,7 @@ def default_tree(cls: type) -> dict[str, Any]:
 def section_defaults(cls: type, key: str) -> dict[str, Any]:
     """The plain tree of section ``cls`` built alone (for ``key``, a null section being set)."""
     try:
-        return config_to_dict(cls())  # type: ignore[no-any-return]
+        return config_to_dict(cls())
     except TypeError as exc:  # a section with required fields
         raise ConfigError(key, f"cannot create the {cls.__name__} section: {exc}") from exc
 

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache as _Cache
 
+from areal_m2po.engine.hf_model import model_config
+
 __all__ = ["CASCADE", "CascadeCache", "CascadeKV", "cascade_mode", "cascade_supported"]
 
 CASCADE = "areal_cascade"
@@ -313,16 +315,10 @@ def _register() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(CASCADE, sdpa_mask)
 
 
-def _config(model: torch.nn.Module) -> Any:
-    inner = getattr(model, "module", model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    return base.config
-
-
 def cascade_supported(model: torch.nn.Module) -> bool:
     """Whether the model's attention is a plain causal softmax that :func:`cascade_attention`
     reproduces: ``sdpa`` or ``eager``, no sliding window, no logit soft-capping, no sinks."""
-    cfg = _config(model)
+    cfg = model_config(model)
     if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager", CASCADE):
         return False
     if getattr(cfg, "sliding_window", None) is not None and getattr(
@@ -338,7 +334,7 @@ def cascade_supported(model: torch.nn.Module) -> bool:
 def cascade_mode(model: torch.nn.Module) -> Iterator[None]:
     """Run ``model`` under :data:`CASCADE` inside the block (restored after, also on error)."""
     _register()
-    cfg = _config(model)
+    cfg = model_config(model)
     before = cfg._attn_implementation
     cfg._attn_implementation = CASCADE
     try:

@@ -105,7 +105,7 @@ def forward_logprobs(
     logp, ent = token_logprobs(logits, labels, temperature, compute_entropy)
     cols = slice(left + start, left + t)
     logp_full[:, cols] = logp.float()
-    if compute_entropy:
+    if ent is not None:  # None exactly when not compute_entropy
         ent_full[:, cols] = ent.float()
     return logp_full, ent_full
 
@@ -176,6 +176,6 @@ def forward_logprobs_packed(
     logp, ent = token_logprobs(logits, layout.labels.to(device), temperature, compute_entropy)
     rows, cols = layout.dst_rows.to(device), layout.dst_cols.to(device)
     logp_full[rows, cols] = logp.float()
-    if compute_entropy:
+    if ent is not None:  # None exactly when not compute_entropy
         ent_full[rows, cols] = ent.float()
     return logp_full, ent_full

@@ -21,7 +21,7 @@ Weights leave the sharded model in three ways:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as torch_dist
@@ -128,7 +128,8 @@ def full_state_dict_on_rank0(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    # full_state_dict=True gathers every entry into a plain tensor (no DTensor/ShardedTensor)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
 
 
 def save_sharded(

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import LoRAConfig
+from areal_m2po.engine.hf_model import as_peft, as_pretrained
 
 __all__ = [
     "ADAPTER_NAME",
@@ -76,7 +77,8 @@ def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> torch.nn.Module:
     heads = trainable_heads(model)
     lora_config = LoraConfig(
         r=config.r,
-        lora_alpha=config.alpha,
+        # peft annotates lora_alpha as int, but scales by lora_alpha / r (a float ratio works)
+        lora_alpha=config.alpha,  # type: ignore[arg-type]
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules) if config.target_modules else "all-linear",
         exclude_modules=heads or None,
@@ -183,8 +185,10 @@ def adapter_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]
 @contextlib.contextmanager
 def adapter_disabled(model: torch.nn.Module) -> Iterator[None]:
     """Run the base model: every adapter (and trained head copy) is bypassed inside."""
-    inner = getattr(model, "module", model)
-    with inner.disable_adapter():
+    peft = as_peft(model)
+    if peft is None:
+        raise TypeError(f"{type(model).__name__} carries no LoRA adapter to disable")
+    with peft.disable_adapter():
         yield
 
 
@@ -200,7 +204,8 @@ def save_lora_pretrained(
     and, with ``save_merged``, the merged model in Hugging Face format to
     ``path/<merged_subdir>``; the tokenizer beside both. ``state``: the whole ``PeftModel``
     state (on one process)."""
-    model.save_pretrained(path, state_dict=dict(state))  # peft keeps the adapter entries
+    # peft keeps the adapter entries
+    as_pretrained(model).save_pretrained(path, state_dict=dict(state))
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     if not save_merged:

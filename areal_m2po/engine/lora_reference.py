@@ -29,4 +29,4 @@ class LoRABaseReference:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs (and entropies) of the batch's tokens under the base model, float32
         ``[B, T]`` (see :meth:`HFTrainEngine.forward_tokens_base`)."""
-        return self.engine.forward_tokens_base(batch, temperature, compute_entropy)  # type: ignore[no-any-return]
+        return self.engine.forward_tokens_base(batch, temperature, compute_entropy)

@@ -72,7 +72,10 @@ def is_flash_attention(model: torch.nn.Module) -> bool:
     for _ in range(4):
         if hasattr(model, "config") or not hasattr(model, "module"):
             break
-        model = model.module
+        inner = model.module
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) or ""
     return "flash" in str(impl)

@@ -24,6 +24,7 @@ import torch
 
 from areal_m2po.engine.cascade_attention import CascadeCache, cascade_mode, cascade_supported
 from areal_m2po.engine.forward import forward_logprobs, token_logprobs
+from areal_m2po.engine.hf_model import base_model, model_config
 from areal_m2po.engine.prefix_tree import (
     MIN_SAVED_TOKENS,
     PrefixLevels,
@@ -51,9 +52,7 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     """The name under which this transformers' forward takes and returns the KV cache:
     ``cache`` in newer releases (which warn on the old name), ``past_key_values`` before.
     Looks through a DDP wrapper (``.module``) and a PEFT model (``get_base_model()``)."""
-    inner = getattr(model, "module", model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    params = inspect.signature(type(base).forward).parameters
+    params = inspect.signature(type(base_model(model)).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -272,9 +271,7 @@ def select_rows(cache: Any, rows: torch.Tensor) -> None:
 
 
 def _n_layers(model: torch.nn.Module) -> int:
-    inner = getattr(model, "module", model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    cfg = base.config
+    cfg = model_config(model)
     return int(getattr(cfg, "num_hidden_layers", 0) or cfg.get_text_config().num_hidden_layers)
 
 
@@ -340,7 +337,7 @@ def forward_logprobs_shared_prefix(
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
     cols = slice(left + start, left + t)
     logp_full[:, cols] = logp.float()
-    if compute_entropy:
+    if ent is not None:  # None exactly when not compute_entropy
         ent_full[:, cols] = ent.float()
     return logp_full, ent_full
 

@@ -36,6 +36,8 @@ def accumulate_stat(
         return (0.0 if acc is None else acc) + value * weight
     if acc is None:
         acc = torch.full_like(value, -math.inf if kind == "max" else math.inf)
+    elif not isinstance(acc, torch.Tensor):  # an extremum accumulates as a tensor
+        acc = torch.as_tensor(acc, dtype=value.dtype, device=value.device)
     if weight <= 0:
         return acc
     return torch.maximum(acc, value) if kind == "max" else torch.minimum(acc, value)

@@ -22,7 +22,7 @@ import torch
 from accelerate import Accelerator
 
 from areal_m2po.api.cli_args import RefConfig, TrainEngineConfig
-from areal_m2po.engine import fsdp, lora
+from areal_m2po.engine import fsdp, hf_model, lora
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.checked_forward import CheckedForwards
 from areal_m2po.engine.dropout import disable_dropout
@@ -144,7 +144,7 @@ class HFTrainEngine:
         if getattr(config, "disable_dropout", False):
             disable_dropout(raw)
         if config.gradient_checkpointing:
-            raw.gradient_checkpointing_enable()
+            hf_model.as_pretrained(raw).gradient_checkpointing_enable()
         if config.lora is not None:  # only the adapters (and a head) require gradients
             raw = self._with_lora(raw)
         self.precision.upcast_trainable(raw)  # float16: float32 master weights
@@ -163,7 +163,7 @@ class HFTrainEngine:
         assert self.config.lora is not None
         model = lora.apply_lora(raw, self.config.lora)
         if self.config.gradient_checkpointing:  # frozen embeddings: checkpoints need an input grad
-            model.enable_input_require_grads()
+            hf_model.as_pretrained(model).enable_input_require_grads()
         return model
 
     @property
@@ -383,7 +383,7 @@ class HFTrainEngine:
         total_weight: float,
         microbatch_loss: MicrobatchLoss,
         temperature: float,
-        forward: ForwardFn,
+        forward: Callable[[Batch, float, bool], tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor | float, dict[str, torch.Tensor | float]]:
         """Forward and backward every micro-batch, each loss scaled by its share of the global
         ``total_weight`` (times the world size: the gradient reduce averages over ranks); the
@@ -519,8 +519,8 @@ class HFTrainEngine:
                 self.unwrapped, self.full_tensors_raw(), self.device, dtype
             )
         if not self.sharded:  # float16: a float16 copy of the float32 master weights
-            dtype = _TORCH_DTYPES[self.config.dtype] if self.precision.enabled else None
-            return copy.deepcopy(self.unwrapped).to(dtype=dtype)
+            copy_dtype = _TORCH_DTYPES[self.config.dtype] if self.precision.enabled else None
+            return copy.deepcopy(self.unwrapped).to(dtype=copy_dtype)
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_config(
@@ -548,7 +548,8 @@ class HFTrainEngine:
             save_merged = self.config.lora.save_merged
             lora.save_lora_pretrained(self.unwrapped, path, state, save_merged, tokenizer)
         elif self.accelerator.is_main_process:
-            self.unwrapped.save_pretrained(path, state_dict=state, safe_serialization=True)
+            model = hf_model.as_pretrained(self.unwrapped)
+            model.save_pretrained(path, state_dict=state, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
         self.accelerator.wait_for_everyone()

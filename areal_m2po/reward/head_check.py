@@ -99,8 +99,8 @@ def _problem(folder: str) -> str | None:
     if os.path.isfile(adapter) and not os.path.isfile(os.path.join(folder, "config.json")):
         with open(adapter) as fh:
             task = json.load(fh).get("task_type")
-        names = weight_names(folder, "adapter_model") or []
-        if task == "SEQ_CLS" and _has_head(names):
+        adapter_names = weight_names(folder, "adapter_model") or []
+        if task == "SEQ_CLS" and _has_head(adapter_names):
             return None
         merged = os.path.join(folder, "merged")
         hint = f" (its merged model {merged} may be)" if os.path.isdir(merged) else ""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,6 +27,7 @@ from areal_m2po.algo.bradley_terry import pool_last_token
 from areal_m2po.api.cli_args import RewardModelConfig
 from areal_m2po.dataset.preference import encode_reward_model_text
 from areal_m2po.engine.builtin_models import resolve_model_path
+from areal_m2po.engine.hf_model import PeftModel
 from areal_m2po.utils import dist
 
 __all__ = [
@@ -108,9 +109,12 @@ def forward_scores(
     count the attended tokens, so padding does not change a score. Keeps the autograd graph.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    if hasattr(model, "get_base_model"):  # a peft (LoRA) wrapper: its adapted inner model
-        model = model.get_base_model()
-    hidden = model.base_model(  # type: ignore[operator]
+    if callable(getattr(model, "get_base_model", None)):  # peft (LoRA): its adapted model
+        model = cast(PeftModel, model).get_base_model()
+    body = model.base_model  # the transformer under the score head
+    if not isinstance(body, torch.nn.Module):
+        raise TypeError(f"{type(model).__name__}.base_model is not a module")
+    hidden = body(
         input_ids=input_ids,
         attention_mask=attention_mask.long(),
         position_ids=position_ids,

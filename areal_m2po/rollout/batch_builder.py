@@ -36,7 +36,9 @@ def check_groups(
                 f"rollout.workflow {workflow}: a group holds {len(g)} trajectories, "
                 f"gconfig.n_samples is {n_samples}"
             )
-        for t in g.trajectories if max_episode_tokens is not None else ():
+        if max_episode_tokens is None:
+            continue
+        for t in g.trajectories:
             if len(t.input_ids) > max_episode_tokens:
                 raise ValueError(
                     f"rollout.workflow {workflow}: a trajectory holds {len(t.input_ids)} "

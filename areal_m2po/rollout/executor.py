@@ -143,9 +143,10 @@ async def arun_group(
                 f"rollout.workflow {workflow_name}: arun_episode returned {type(t).__name__}, "
                 "not a Trajectory or None"
             )
-    if any(t is None for t in episodes):
+    done = [t for t in episodes if t is not None]
+    if len(done) < len(episodes):
         return None
-    return await workflow.afinish_group(record, list(episodes))
+    return await workflow.afinish_group(record, done)
 
 
 class RefusalCount:

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,7 +47,7 @@ from areal_m2po.trainer.ppo.loss_fn import (
     library_actor_loss,
     load_actor_loss_fn,
 )
-from areal_m2po.trainer.ppo.plan import resolve_actor_plan
+from areal_m2po.trainer.ppo.plan import check_actor_plan, resolve_actor_plan
 from areal_m2po.trainer.ppo.trust_region import max_lag, trust_region_warnings
 from areal_m2po.trainer.rollout_stats import (
     check_rewards_usable,
@@ -138,15 +138,15 @@ class RLTrainer(RecoverableStepLoop):
                 load_object(cfg.rollout.workflow, "rollout.workflow")
             if workflow is None:
                 _load_agent_early(cfg.rollout)
+            # the actor's loss and advantage estimator, loaded once here and handed to the actor
             self.actor_loss_fn = actor_loss_fn or load_actor_loss_fn(cfg.actor.loss_fn)
             critic, kl_penalty = cfg.critic.enabled, cfg.actor.kl_ctl > 0
-            load_adv_estimator(cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty)
-            # the actor's plan refuses what it cannot honour before any model loads
-            resolve_actor_plan(
-                cfg.actor,
-                cfg.gconfig.max_new_tokens,
-                custom_loss=custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn),
+            self.adv_estimator = load_adv_estimator(
+                cfg.actor.adv_estimator, critic=critic, kl_penalty=kl_penalty
             )
+            self.custom_loss = custom_loss_name(self.actor_loss_fn, cfg.actor.loss_fn)
+            # what the actor's plan cannot honour is refused before any model loads
+            check_actor_plan(cfg.actor, custom_loss=self.custom_loss)
             self._build_data()
             self._build_models()
             self.stats_logger = make_stats_logger(cfg, ctx)
@@ -250,21 +250,29 @@ class RLTrainer(RecoverableStepLoop):
         self._check_behaviour_source()
 
     def _build_actor(self) -> Any:
-        """The PPO actor, built last: its plan takes what the rollout engine (exact log-probs
-        or not) and the teacher (it reads the proximal log-probs) decide."""
+        """The PPO actor, built last: its plan, resolved here once, takes what the rollout
+        engine (exact log-probs or not) and the teacher (it reads the proximal log-probs)
+        decide."""
         from areal_m2po.trainer.ppo.actor import PPOActor
 
         cfg = self.config
+        plan = resolve_actor_plan(
+            cfg.actor,
+            cfg.gconfig.max_new_tokens,
+            custom_loss=self.custom_loss,
+            exact_behave_logp=self._exact_behave_logp(),
+            prox_read_before_update=self.teacher is not None,  # its student log-probs
+        )
         return PPOActor(
             cfg.actor,
             self.actor_engine,
             cfg.gconfig.n_samples,
             cfg.gconfig.max_new_tokens,
             loss_fn=self.actor_loss_fn,
+            adv_estimator=self.adv_estimator,
             has_critic=cfg.critic.enabled,
             phases=self.phases,
-            exact_behave_logp=self._exact_behave_logp(),
-            prox_read_before_update=self.teacher is not None,  # its student log-probs
+            plan=plan,
         )
 
     def _exact_behave_logp(self) -> bool:
@@ -490,7 +498,10 @@ class RLTrainer(RecoverableStepLoop):
         loaders = [("trainer", load_trainer), ("actor", load_engine(self.actor_engine, "actor"))]
         if self.critic is not None:
             loaders.append(("critic", load_engine(self.critic.engine, "critic")))
-        policy = self.actor_engine.state_dict_for_sync
+
+        def policy() -> Iterable[tuple[str, torch.Tensor]]:  # gathered once, as (name, tensor)
+            return self.actor_engine.state_dict_for_sync().items()
+
         load_rollout = functools.partial(self.rollout.load_engine_state, policy=policy)
         return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
 

@@ -33,6 +33,7 @@ from areal_m2po.api.cli_args import (
     RWModelConfig,
     TrainEngineConfig,
 )
+from areal_m2po.engine.hf_model import as_pretrained
 from areal_m2po.trainer.run_setup import evaluation_note
 from areal_m2po.trainer.step_loop import run_trainer
 from areal_m2po.trainer.supervised_trainer import SupervisedTrainer
@@ -159,13 +160,13 @@ class RWTrainer(SupervisedTrainer):
             mcfg.path, dtype, mcfg.attn_implementation, self.tokenizer.pad_token_id
         )
         if mcfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            as_pretrained(model).gradient_checkpointing_enable()
         if mcfg.lora is not None:  # adapters and the score head train; the body stays frozen
             from areal_m2po.engine.lora import apply_lora
 
             model = apply_lora(model, mcfg.lora)
             if mcfg.gradient_checkpointing:
-                model.enable_input_require_grads()
+                as_pretrained(model).enable_input_require_grads()
         self.engine = HFTrainEngine(
             _engine_config(mcfg),
             self.accelerator,
@@ -177,7 +178,7 @@ class RWTrainer(SupervisedTrainer):
     @property
     def model(self) -> torch.nn.Module:
         """The (unwrapped) sequence-classification model."""
-        return self.engine.unwrapped.model  # type: ignore[no-any-return]
+        return self.engine.unwrapped.model
 
     # -- scoring ------------------------------------------------------------------------------
 
@@ -257,7 +258,9 @@ class RWTrainer(SupervisedTrainer):
 
                 save_lora_pretrained(self.model, path, inner, lora_cfg.save_merged, self.tokenizer)
             else:
-                self.model.save_pretrained(path, state_dict=inner, safe_serialization=True)
+                as_pretrained(self.model).save_pretrained(
+                    path, state_dict=inner, safe_serialization=True
+                )
                 self.tokenizer.save_pretrained(path)
             logger.info("saved reward model (HF format) to %s", path)
         self.accelerator.wait_for_everyone()

@@ -265,8 +265,10 @@ class StepLoop:
                 failed = exc
         stats["timing/step_s"] = time.perf_counter() - t_start
         self.stats_logger.log(self.step, stats)
-        if stop is not None or failed is not None:
-            raise stop or failed
+        if stop is not None:
+            raise stop
+        if failed is not None:
+            raise failed
 
     def _save_final(self) -> None:
         """The ``final`` HF save after the loop (``saver.save_at_end``; not after SIGTERM)."""

@@ -90,7 +90,10 @@ def latest_checkpoint(root: str) -> str | None:
 # --------------------------------------------------------------------------------------- RNG
 def capture_rng() -> dict[str, Any]:
     """This process's python, numpy, torch and CUDA generator states (torch.load-safe types)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):  # legacy=True: a tuple for numpy's MT19937
+        raise RunError(f"numpy's global generator is not MT19937: {np_state.get('bit_generator')}")
+    name, keys, pos, has_gauss, cached = np_state
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (str(name), keys.tolist(), int(pos), int(has_gauss), float(cached)),

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Literal, cast
 
 from areal_m2po.api.cli_args import StatsLoggerConfig
 from areal_m2po.api.errors import ConfigError, RunError
@@ -166,8 +166,10 @@ class StatsLogger:
             if resume_step > 0 and os.path.exists(id_file):
                 with open(id_file) as fh:
                     run_id = fh.read().strip() or None
+            # WandBConfig.mode's choices are these three (checked when the config is built)
+            mode = cast(Literal["online", "offline", "disabled"], wb.mode)
             self._wandb_run = wandb.init(
-                mode=wb.mode,
+                mode=mode,
                 project=wb.project,
                 entity=wb.entity,
                 name=wb.name or self._run_name,

@@ -46,7 +46,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from bench import build_model  # noqa: E402
 
 from areal_m2po.algo.m2po import m2_per_token, m2po_mask  # noqa: E402
-from areal_m2po.trainer.ppo.actor import _apply_m2po_masking  # noqa: E402
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking  # noqa: E402
 
 THRESHOLD = 0.04
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from areal_m2po.api.cli_args import ActorConfig, ConfigError
-from areal_m2po.trainer.ppo.actor import _apply_m2po_masking
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -71,7 +71,7 @@ def test_the_check_measures_the_hf_engine_every_step_at_staleness_1(tmp_path):
 
 
 def test_an_inexact_engine_gets_a_proximal_pass_on_policy_and_its_mismatch_logged(tmp_path):
-    from test_rollout_seam import ScriptedEngine
+    from scripted_engine import ScriptedEngine
 
     from areal_m2po.trainer.rl_trainer import RLTrainer
 
@@ -97,7 +97,7 @@ def test_an_inexact_engine_gets_a_proximal_pass_on_policy_and_its_mismatch_logge
 
 
 def test_an_inexact_engine_without_a_proximal_pass_is_warned_once(tmp_path, caplog):
-    from test_rollout_seam import ScriptedEngine
+    from scripted_engine import ScriptedEngine
 
     from areal_m2po.trainer.rl_trainer import RLTrainer
 

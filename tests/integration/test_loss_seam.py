@@ -166,3 +166,32 @@ def test_a_custom_loss_that_returns_the_wrong_thing_is_one_line(returned, shown)
         f".<locals>.bad_loss returned {shown}; a loss returns (loss, stats): a 0-dim tensor and "
         "a dict of named statistics"
     )
+
+
+def test_trainer_resolves_the_plan_and_loads_the_estimator_once(tmp_path, monkeypatch):
+    """The trainer resolves the actor's plan once and hands it to the actor with the loss and
+    the advantage estimator it loaded once; the actor resolves and loads nothing itself."""
+    from tiny_runs import make_cfg
+
+    from areal_m2po.trainer import rl_trainer
+    from areal_m2po.trainer.ppo import actor as actor_mod
+
+    calls: list[str] = []
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for mod in (rl_trainer, actor_mod):
+        for name in ("resolve_actor_plan", "load_adv_estimator", "load_actor_loss_fn"):
+            monkeypatch.setattr(mod, name, counted(name, getattr(mod, name)))
+    trainer = rl_trainer.RLTrainer(make_cfg(tmp_path, steps=1))
+    try:
+        assert sorted(calls) == ["load_actor_loss_fn", "load_adv_estimator", "resolve_actor_plan"]
+        assert trainer.actor.adv_estimator is trainer.adv_estimator
+        assert trainer.actor.loss_fn is trainer.actor_loss_fn is library_actor_loss
+    finally:
+        trainer.close()

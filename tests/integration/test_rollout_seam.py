@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from scripted_engine import ScriptOnlyEngine
+from scripted_engine import ScriptedEngine, ScriptOnlyEngine
 from toy_rewards import digit_fraction
 
 from areal_m2po.api.cli_args import ConfigError, DatasetConfig, GenerationConfig, RewardModelConfig
 from areal_m2po.api.config_loader import load_config
-from areal_m2po.api.engine_api import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
+from areal_m2po.api.engine_api import ModelRequest, ModelResponse, SamplingParams
 from areal_m2po.api.errors import WorkflowError
 from areal_m2po.api.workflow_api import TrajectoryGroup, WorkflowContext
 from areal_m2po.reward.runner import RewardRunner
@@ -391,43 +391,6 @@ def test_async_mode_applies_the_learned_reward(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the interface is all the trainer needs
 # ---------------------------------------------------------------------------------------------
-
-
-class ScriptedEngine(InferenceEngine):
-    """A fake backend (no model): request ``k`` gets ``k % 4`` digit tokens then EOS, each with
-    log-prob -2.0, stamped with the version it holds. It stands in for a server the trainer
-    cannot tell apart from a real engine."""
-
-    def __init__(self, digits: list[int], eos: int) -> None:
-        self.digits, self.eos = digits, eos
-        self.version, self.requests, self.loaded = 0, 0, []
-
-    async def agenerate(self, request: ModelRequest) -> ModelResponse:
-        k = self.requests % 4
-        self.requests += 1
-        out = self.digits[:k] + [self.eos]
-        return ModelResponse(
-            request.input_ids, out, [-2.0] * len(out), [self.version] * len(out), "stop"
-        )
-
-    def update_weights_from_tensors(self, named_tensors, version):
-        self.loaded = [name for name, _ in named_tensors]
-        self.version = version
-
-    def update_weights_from_disk(self, path, version):
-        raise AssertionError("the trainer hands weights over in memory")
-
-    def pause(self):
-        pass
-
-    def resume(self):
-        pass
-
-    def get_version(self):
-        return self.version
-
-    def set_version(self, version):
-        self.version = version
 
 
 def test_a_fake_engine_drives_a_full_training_step(tmp_path):

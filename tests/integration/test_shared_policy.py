@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_runs import read_metrics, tiny_config
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.rollout.engines.hf_generator import HFGenerator
-from tests.integration.test_trainer import read_metrics, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -7,49 +7,19 @@ import math
 import os
 
 import pytest
+from tiny_runs import read_metrics, tiny_config
 
 from areal_m2po.api.cli_args import (
-    ActorConfig,
     CriticConfig,
     DatasetConfig,
     EvaluatorConfig,
-    GenerationConfig,
     NormConfig,
     OptimizerConfig,
-    PPOConfig,
     RecoverConfig,
     RejectionSamplingConfig,
-    RewardConfig,
     RolloutConfig,
     SaverConfig,
 )
-
-
-def tiny_config(tmp_path, steps=3, staleness=0, reward="toy_rewards:digit_fraction", **actor_kw):
-    actor = dict(
-        path="builtin:tiny",
-        m2_threshold=0.04,
-        optimizer=OptimizerConfig(lr=3e-3),
-    )
-    actor.update(actor_kw)
-    return PPOConfig(
-        seed=3,
-        output_dir=str(tmp_path / "run"),
-        total_train_steps=steps,
-        actor=ActorConfig(**actor),
-        gconfig=GenerationConfig(n_samples=4, max_new_tokens=8),
-        rollout=RolloutConfig(staleness=staleness),
-        train_dataset=DatasetConfig(batch_size=4),
-        valid_dataset=DatasetConfig(split="test", batch_size=8, max_samples=8, shuffle=False),
-        reward=RewardConfig(path=reward),
-        evaluator=EvaluatorConfig(freq_steps=2),
-        saver=SaverConfig(freq_steps=2),
-    )
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def train(cfg):

@@ -28,12 +28,19 @@ def _plan(**kw):
 @pytest.mark.parametrize(
     ("kw", "loss", "correction"),
     [
-        ({}, "ppo", "none"),
-        ({"use_decoupled_loss": True}, "decoupled_ppo", "behave_weight"),
-        ({"use_decoupled_loss": True, "use_behave_imp_weight": False}, "decoupled_ppo", "none"),
+        ({}, "ppo_clip", "none"),
+        ({"c_clip": 3.0}, "dual_clip", "none"),
+        ({"importance_sampling_level": "sequence"}, "gspo", "none"),
+        (
+            {"importance_sampling_level": "sequence", "use_decoupled_loss": True},
+            "gspo",
+            "behave_weight",
+        ),
+        ({"use_decoupled_loss": True, "c_clip": 3.0}, "decoupled", "behave_weight"),
+        ({"use_decoupled_loss": True, "use_behave_imp_weight": False}, "decoupled", "none"),
         (
             {"use_decoupled_loss": True, "rejection_sampling": RejectionSamplingConfig(upper=2.0)},
-            "decoupled_ppo",
+            "decoupled",
             "rejection_sampling",
         ),
         ({"use_sapo_loss": True}, "sapo", "none"),
@@ -52,6 +59,7 @@ def _plan(**kw):
 def test_the_loss_and_its_behaviour_correction(kw, loss, correction):
     plan = _plan(**kw)
     assert (plan.loss, plan.correction, plan.custom_loss) == (loss, correction, None)
+    assert plan.mode == loss
     assert (plan.ppo_spec is None) == (loss == "sapo")  # SAPO takes no clipped-PPO options
     if plan.ppo_spec is not None:
         assert plan.ppo_spec.max_tokens_norm == 16
@@ -61,7 +69,7 @@ def test_the_loss_and_its_behaviour_correction(kw, loss, correction):
 
 def test_a_custom_loss_keeps_the_library_choice_it_may_call():
     plan = _plan(use_sapo_loss=True, custom_loss="my.mod:loss")
-    assert (plan.loss, plan.custom_loss) == ("sapo", "my.mod:loss")
+    assert (plan.loss, plan.custom_loss, plan.mode) == ("sapo", "my.mod:loss", "custom")
     assert plan.describe().startswith("loss=custom my.mod:loss;")
 
 
@@ -108,7 +116,7 @@ def test_m2po_scope_and_the_inert_case():
 def test_the_start_up_line():
     plan = _plan(use_decoupled_loss=True, m2_threshold=0.04, c_clip=3.0)
     assert plan.describe() == (
-        "loss=decoupled_ppo (token-level ratio, c_clip=3.0); proximal=recompute (reusing "
+        "loss=decoupled (token-level ratio, c_clip=3.0); proximal=recompute (reusing "
         "behaviour log-probs on on-policy batches); M2PO=m2_threshold=0.04 (global), "
         "tokens=all; behaviour correction=behave_weight"
     )
@@ -147,3 +155,25 @@ def test_the_training_split_says_its_plain_fallback_once(caplog):
     off = CheckedForwards(spec, False, torch.device("cpu"), lambda: False, True)
     assert off.train_split(None, batch, 1.0, _NoAutocast(), checkpointing=True) is None  # type: ignore[arg-type]
     assert not off.train_fallback_said  # nothing to fall back from
+
+
+def test_loss_context_has_one_source_of_the_loss_options():
+    """A context built alone resolves the plan of its config; one built with a plan keeps it;
+    the clipped-PPO options are the plan's."""
+    from areal_m2po.trainer.ppo.loss_fn import LossContext
+
+    cfg = ActorConfig(use_decoupled_loss=True, c_clip=3.0)
+    alone = LossContext(cfg, 16)
+    assert alone.plan == resolve_actor_plan(cfg, 16)
+    assert alone.ppo_spec is alone.plan.ppo_spec and alone.ppo_spec.c_clip == 3.0
+    given = _plan(use_sapo_loss=True)
+    ctx = LossContext(cfg, 16, 2, given)
+    assert ctx.plan is given and ctx.ppo_spec is None  # SAPO's plan: no clipped-PPO options
+
+
+def test_an_actor_keeps_the_plan_it_is_handed():
+    from areal_m2po.trainer.ppo.actor import PPOActor
+
+    plan = _plan(m2_threshold=0.04, exact_behave_logp=False)
+    actor = PPOActor(ActorConfig(m2_threshold=0.04), None, 2, 16, plan=plan)  # type: ignore[arg-type]
+    assert actor.plan is plan and not actor.exact_behave_logp

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_prefix_tree import INF, _batch, _left_pad, _model, _tok, _tree_prompts
+from prefix_trees import INF, left_pad, rand_tokens, tiny_model, tree_batch, tree_prompts
 
 from areal_m2po.engine import cascade_attention as ca
 from areal_m2po.engine.forward import forward_logprobs
@@ -72,8 +72,8 @@ def test_attention_over_levels_equals_one_softmax() -> None:
 def test_both_caches_equal_the_plain_pass(threshold: float, pad: int) -> None:
     """Several levels, padding on either side: the cascade pass and the copied-cache pass both
     within 1e-5 of the plain pass, and the cascade pass runs the model under its name."""
-    model = _model()
-    batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1], pad=pad)
+    model = tiny_model()
+    batch = tree_batch(tree_prompts(), [3, 1, 2, 2, 1], pad=pad)
     seen: list[str] = []
     model.model.layers[0].register_forward_pre_hook(
         lambda m, a: seen.append(m.self_attn.config._attn_implementation)
@@ -93,8 +93,8 @@ def test_both_caches_equal_the_plain_pass(threshold: float, pad: int) -> None:
 def test_a_plain_forward_under_the_cascade_name_keeps_its_mask() -> None:
     """A forward with an ordinary cache while the model runs under the cascade name (another
     thread's pass on a shared model) still gets its padding mask: the sdpa result."""
-    model = _model()
-    batch = _batch(_tree_prompts(), [2, 1, 1, 1, 1], pad=2)
+    model = tiny_model()
+    batch = tree_batch(tree_prompts(), [2, 1, 1, 1, 1], pad=2)
     with torch.no_grad():
         want, _ = forward_logprobs(model, batch, 1.0, False)
         with ca.cascade_mode(model):
@@ -110,8 +110,8 @@ def test_greedy_generation_on_either_cache(cascade: bool, n: int) -> None:
 
     from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 
-    model = _model()
-    ids, attn = _left_pad(_tree_prompts())
+    model = tiny_model()
+    ids, attn = left_pad(tree_prompts())
     cfg = GenerationConfig(max_length=ids.shape[1] + 9, do_sample=False, pad_token_id=0)
     ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
     plain = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg)
@@ -122,14 +122,14 @@ def test_greedy_generation_on_either_cache(cascade: bool, n: int) -> None:
 
 def _store_batch() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
-    head = _tok(g, 60)
-    return _batch([head + _tok(g, k) for k in (3, 5, 2, 4)], [2, 2, 2, 2], pad=2)
+    head = rand_tokens(g, 60)
+    return tree_batch([head + rand_tokens(g, k) for k in (3, 5, 2, 4)], [2, 2, 2, 2], pad=2)
 
 
 def test_a_head_is_reused_across_micro_batches() -> None:
     """Two micro-batches whose prompts share a 60-token head: with one ``HeadStore`` the second
     runs only its tails (counted at the embedding) and both equal the plain pass."""
-    model = _model()
+    model = tiny_model()
     batch = _store_batch()
     tokens: list[int] = []
     model.model.embed_tokens.register_forward_hook(
@@ -155,8 +155,8 @@ def test_a_store_from_other_weights_shows() -> None:
     batch = _store_batch()
     store = HeadStore()
     with torch.no_grad():
-        forward_logprobs_shared_prefix(_model(), batch, 1.0, False, head_store=store)
-        other = _model()
+        forward_logprobs_shared_prefix(tiny_model(), batch, 1.0, False, head_store=store)
+        other = tiny_model()
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
         want, _ = forward_logprobs(other, batch, 1.0, False)

@@ -8,8 +8,7 @@ import math
 
 import pytest
 import torch
-from test_prefix_tree import VOCAB, _left_pad, _tok, _tree_prompts
-from test_prefix_tree import _model as _default_model
+from prefix_trees import VOCAB, left_pad, rand_tokens, tiny_model, tree_prompts
 
 from areal_m2po.api.cli_args import GenerationConfig
 from areal_m2po.engine.builtin_models import build_tiny_llama
@@ -86,7 +85,7 @@ def test_bad_logits_and_temperature_are_refused() -> None:
 def _plain_generate(model, prompts, n, max_new, eos):
     from transformers import GenerationConfig as HFConfig
 
-    ids, attn = _left_pad(prompts)
+    ids, attn = left_pad(prompts)
     cfg = HFConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=0, eos_token_id=eos)
     ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
     return model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg)[
@@ -100,7 +99,7 @@ def test_greedy_equals_plain_generate_as_rows_end(threshold: float, n: int) -> N
     different steps (rows leave the batch one by one, nodes leave the levels), the tokens
     equal plain ``generate``'s, padding after each row's end included."""
     model = _model()
-    prompts = _tree_prompts()
+    prompts = tree_prompts()
     free = _plain_generate(model, prompts, 1, 10, [1])
     # EOS ids the rows reach at different steps
     eos = sorted({int(free[2, 3]), int(free[3, 2])})
@@ -130,8 +129,8 @@ def test_sampled_logprobs_equal_a_forward_pass() -> None:
     """Sampling at T = 0.7 with an EOS that ends rows early: each row's behaviour log-probs
     equal those of an independent forward pass up to its end, 0 after, padding after it
     (the default weights: logits of order one, whose float rounding stays below 1e-5)."""
-    model = _default_model()
-    prompts = _tree_prompts(seed=3)
+    model = tiny_model()
+    prompts = tree_prompts(seed=3)
     torch.manual_seed(0)
     tokens, logp = decode(model, prompts, 4, 8, 0.7, [5, 9, 11], 0, 0)
     ref = _reference_logp(model, prompts, 4, tokens, 0.7)
@@ -146,7 +145,7 @@ def test_a_stop_check_ends_single_rows() -> None:
     """A stop check ending row 1 after 2 tokens and row 3 after 4: those rows hold pad after,
     the others go on as without it."""
     model = _model()
-    prompts = _tree_prompts()[:4]
+    prompts = tree_prompts()[:4]
     free, _ = decode(model, prompts, 1, 7, None, [1], 0, 0)
 
     def stop(active: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
@@ -165,8 +164,8 @@ def test_hf_generator_uses_the_loop_and_hf_generate_alike() -> None:
     tok = build_tiny_tokenizer()
     model = build_tiny_llama(len(tok), 0, hidden_size=32, intermediate_size=64).eval()
     g = torch.Generator().manual_seed(7)
-    head = _tok(g, 40)
-    prompts = [head + _tok(g, k) for k in (3, 5, 2, 4)]
+    head = rand_tokens(g, 40)
+    prompts = [head + rand_tokens(g, k) for k in (3, 5, 2, 4)]
     gen = HFGenerator(model, tok, torch.device("cpu"))
     cfg = GenerationConfig(max_new_tokens=9, stop=["a", "e"])
     loop = gen.generate(prompts, cfg, greedy=True)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from areal_m2po.algo import m2po
 from areal_m2po.algo.m2po import m2_per_token, m2po_keep_mask, m2po_stats
-from areal_m2po.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mask
+from areal_m2po.areal.trainer.ppo.actor import _apply_m2po_masking, _get_m2po_loss_mask
 
 
 def literal_rule(values: list[float], thr: float) -> list[bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prefix_trees import INF, left_pad, rand_tokens, tiny_model, tree_batch, tree_prompts
 
 from areal_m2po.engine import shared_prefix
 from areal_m2po.engine.builtin_models import build_tiny_llama
@@ -16,56 +17,6 @@ from areal_m2po.engine.shared_prefix import (
     shared_prefix_verdict,
     split_prompt_groups,
 )
-
-VOCAB = 97
-INF = float("inf")
-
-
-def _model() -> torch.nn.Module:
-    model = build_tiny_llama(
-        VOCAB, 0, hidden_size=32, intermediate_size=64, max_position_embeddings=256
-    )
-    return model.eval()
-
-
-def _tok(g: torch.Generator, n: int) -> list[int]:
-    return torch.randint(3, VOCAB, (n,), generator=g).tolist()
-
-
-def _tree_prompts(seed: int = 0) -> list[list[int]]:
-    """Prompts sharing parts at several levels: a common head, then two branches, one of
-    which branches again; one prompt is a prefix of another; one shares nothing."""
-    g = torch.Generator().manual_seed(seed)
-    head, a1, a2 = _tok(g, 12), _tok(g, 5), _tok(g, 3)
-    return [
-        head + a1 + _tok(g, 4),
-        head + a1 + _tok(g, 2),
-        head + a2,
-        head + a1,  # a prefix of the first two
-        _tok(g, 6),  # nothing shared
-    ]
-
-
-def _batch(prompts: list[list[int]], sizes: list[int], seed: int = 1, pad: int = 0):
-    """The rollout layout: prompts left-padded to a common column, ``sizes[i]`` completions of
-    prompt i (lengths 1..6) from there, right padding; ``pad`` extra all-padding columns on
-    either side."""
-    g = torch.Generator().manual_seed(seed)
-    p = max(len(x) for x in prompts) + pad
-    n, t = sum(sizes), p + 6 + pad
-    ids = torch.zeros(n, t, dtype=torch.long)
-    attn = torch.zeros(n, t, dtype=torch.bool)
-    loss = torch.zeros(n, t, dtype=torch.bool)
-    row = 0
-    for prompt, size in zip(prompts, sizes, strict=True):
-        for _ in range(size):
-            c = 6 if row == 0 else int(torch.randint(1, 7, (1,), generator=g))
-            ids[row, p - len(prompt) : p] = torch.tensor(prompt)
-            ids[row, p : p + c] = torch.tensor(_tok(g, c))
-            attn[row, p - len(prompt) : p + c] = True
-            loss[row, p : p + c] = True
-            row += 1
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
 
 
 def test_levels_of_a_hand_built_tree() -> None:
@@ -88,7 +39,7 @@ def test_levels_of_a_hand_built_tree() -> None:
 def test_levels_rebuild_every_sequence() -> None:
     """Following ``parent`` up from each leaf and joining the real tokens gives the sequence
     back, at the positions ``offset`` says, whatever the threshold."""
-    seqs = _tree_prompts() + _tree_prompts(seed=3)[:2]
+    seqs = tree_prompts() + tree_prompts(seed=3)[:2]
     for threshold in (0, 10, 40, INF):
         tree = build_prefix_levels(seqs, threshold)
         for i, s in enumerate(seqs):
@@ -125,8 +76,8 @@ def test_bad_input() -> None:
 def test_equals_the_plain_pass(threshold: float, pad: int) -> None:
     """Several levels, a prompt that is another's prefix, padding on either side: the
     log-probs and entropies within 1e-5 of the plain pass."""
-    model = _model()
-    batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1], pad=pad)
+    model = tiny_model()
+    batch = tree_batch(tree_prompts(), [3, 1, 2, 2, 1], pad=pad)
     with torch.no_grad():
         plain, plain_ent = forward_logprobs(model, batch, 1.0, True)
         shared, shared_ent = forward_logprobs_shared_prefix(model, batch, 1.0, True, threshold)
@@ -139,12 +90,12 @@ def test_wrong_positions_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every segment continued on a cache at positions one off (a uniform shift of all
     positions would change nothing under rotary embeddings): the pass no longer equals the
     plain one, and the one-time check refuses it (while it accepts the right positions)."""
-    model = _model()
+    model = tiny_model()
     with torch.no_grad():  # sharper attention: the random tiny model hardly sees positions
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(6.0)
             layer.self_attn.k_proj.weight.mul_(6.0)
-    batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1])
+    batch = tree_batch(tree_prompts(), [3, 1, 2, 2, 1])
     assert shared_prefix_verdict(model, batch, 1.0, False) is True
     right = shared_prefix.level_positions
     monkeypatch.setattr(shared_prefix, "level_positions", lambda m, o: right(m, o + (o > 0)))
@@ -160,23 +111,14 @@ def test_budget_counts_a_shared_head_once() -> None:
     """Prompts of 17 tokens sharing 12, completions of 6 columns: a group of 2 rows costs
     17 + 12 alone and 5 + 12 beside another, so a budget of 29 + 17 holds two groups."""
     g = torch.Generator().manual_seed(0)
-    head = _tok(g, 12)
-    prompts = [head + _tok(g, 5) for _ in range(4)]
-    batch = _batch(prompts, [2, 2, 2, 2])
+    head = rand_tokens(g, 12)
+    prompts = [head + rand_tokens(g, 5) for _ in range(4)]
+    batch = tree_batch(prompts, [2, 2, 2, 2])
     start, prompt_of_row = prompt_index(batch)
     idx = split_prompt_groups(batch, prompt_of_row, start, 46)
     assert [i.tolist() for i in idx] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     idx = split_prompt_groups(batch, prompt_of_row, start, 45)
     assert [i.tolist() for i in idx] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-
-
-def _left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), longest, dtype=torch.long)
-    attn = torch.zeros(len(prompts), longest, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, longest - len(p) :], attn[i, longest - len(p) :] = torch.tensor(p), 1
-    return ids, attn
 
 
 @pytest.mark.parametrize(("threshold", "n"), [(0, 1), (INF, 1), (0, 3), (8, 2)])
@@ -188,8 +130,8 @@ def test_greedy_generation_equals_plain_generate(threshold: float, n: int) -> No
 
     from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 
-    model = _model()
-    ids, attn = _left_pad(_tree_prompts())
+    model = tiny_model()
+    ids, attn = left_pad(tree_prompts())
     cfg = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=[1])
     ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
     plain = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg)
@@ -203,8 +145,8 @@ def test_sampling_with_a_shared_head_equals_plain_generate() -> None:
 
     from areal_m2po.rollout.engines.shared_prefill import generate_shared_prefill
 
-    model = _model()
-    ids, attn = _left_pad(_tree_prompts(seed=4))
+    model = tiny_model()
+    ids, attn = left_pad(tree_prompts(seed=4))
     cfg = GenerationConfig(
         max_new_tokens=6,
         do_sample=True,
@@ -235,12 +177,12 @@ def test_hf_generator_greedy_with_a_long_system_prompt() -> None:
     tok = build_tiny_tokenizer()
     model = build_tiny_llama(len(tok), 0, hidden_size=32, intermediate_size=64).eval()
     g = torch.Generator().manual_seed(7)
-    system = _tok(g, 100)
-    prompts = [system + _tok(g, k) for k in (3, 5, 2, 4)]
+    system = rand_tokens(g, 100)
+    prompts = [system + rand_tokens(g, k) for k in (3, 5, 2, 4)]
     assert build_prefix_levels([p[:-1] for p in prompts]).computed < 120  # split out
     gen = HFGenerator(model, tok, torch.device("cpu"))
     got = gen.generate(prompts, GenerationConfig(max_new_tokens=6), greedy=True)
-    ids, attn = _left_pad(prompts)
+    ids, attn = left_pad(prompts)
     pad = tok.pad_token_id
     want = model.generate(input_ids=ids.masked_fill(attn == 0, pad), attention_mask=attn,
                           max_new_tokens=6, do_sample=False, pad_token_id=pad,
@@ -256,10 +198,10 @@ def test_gradients_through_several_levels_equal_the_plain_pass(cascade: bool) ->
     """Training with shared prompts (``shared_prefix_train``): the gradient flows through every
     level's cache (kept once, or copied per row) to the shared tokens, as through the plain
     pass, finite also through a carried-down empty segment."""
-    batch = _batch(_tree_prompts(), [3, 1, 2, 2, 1])
+    batch = tree_batch(tree_prompts(), [3, 1, 2, 2, 1])
     grads = []
     for shared in (False, True):
-        model = _model()
+        model = tiny_model()
         if shared:
             logp, _ = forward_logprobs_shared_prefix(model, batch, 1.0, False, 0, cascade)
         else:
@@ -280,13 +222,13 @@ def test_engine_shares_a_system_prompt_among_distinct_prompts() -> None:
     from areal_m2po.engine.train_engine import HFTrainEngine
 
     g = torch.Generator().manual_seed(2)
-    head = _tok(g, 50)
-    batch = _batch([head + _tok(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
-    short = _batch([head[:5] + _tok(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
+    head = rand_tokens(g, 50)
+    batch = tree_batch([head + rand_tokens(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
+    short = tree_batch([head[:5] + rand_tokens(g, 3 + i) for i in range(4)], [1, 1, 1, 1])
     assert shared_prefix_split(short, None) is None  # saves 15 < 40 tokens
     out = {}
     for on in (False, True):
-        model = _model()
+        model = tiny_model()
         calls: list[tuple[int, ...]] = []
         model.register_forward_pre_hook(
             lambda _m, _a, kw, calls=calls: calls.append(tuple(kw["input_ids"].shape)),

@@ -93,7 +93,7 @@ def bounded_http_protocol(
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._request_since = time.monotonic()
             self._arm()

@@ -158,7 +158,9 @@ class HFInProcessEngine(InferenceEngine):
                         answers[i] = ModelResponse.to_request(req, [], [], [], "abort", t0)
                     continue
                 run = functools.partial(self._sample, params)
-                for i, answer in zip(rows, answer_each(run, [jobs[i] for i in rows], "HF engine")):
+                each: list[ModelResponse | Exception]
+                each = answer_each(run, [jobs[i] for i in rows], "HF engine")
+                for i, answer in zip(rows, each):
                     answers[i] = answer
         return [a for a in answers if a is not None]
 

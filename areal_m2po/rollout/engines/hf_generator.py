@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from areal_m2po.api.cli_args import GenerationConfig
+from areal_m2po.engine.hf_model import output_embeddings
 from areal_m2po.engine.prefix_tree import MIN_SAVED_TOKENS
 from areal_m2po.rollout.engines.decode_loop import decode, decode_supported
 from areal_m2po.rollout.engines.sampled_logprobs import SampledLogprobRecorder
@@ -442,8 +443,7 @@ def _is_tied_alias(model: torch.nn.Module, name: str) -> bool:
     """True for the output embedding when it is tied to the input embedding."""
     if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         return False
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return out is not None and name.startswith("lm_head.")
+    return output_embeddings(model) is not None and name.startswith("lm_head.")
 
 
 def _same_tensors(a: Mapping[str, torch.Tensor], b: Iterable[tuple[str, torch.Tensor]]) -> bool:

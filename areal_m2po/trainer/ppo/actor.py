@@ -117,6 +117,9 @@ class PPOActor:
         prox_read_before_update: something besides the actor reads ``batch["prox_logp"]``
             before the update (a teacher), so the proximal log-probs must come from a pass of
             their own (:meth:`prox_from_update`).
+        plan: the plan the caller resolved (the trainer:
+            :func:`~areal_m2po.trainer.ppo.plan.resolve_actor_plan` of ``config``, ``loss_fn``
+            and the two flags above, which it then ignores); None: resolved here.
 
     Attributes:
         plan: every choice above and in ``config`` that shapes the update, resolved once
@@ -136,19 +139,22 @@ class PPOActor:
         phases: Phases | None = None,
         exact_behave_logp: bool = True,
         prox_read_before_update: bool = False,
+        plan: ActorPlan | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.group_size = group_size
         self.max_new_tokens = max_new_tokens
         self.loss_fn = loss_fn if loss_fn is not None else load_actor_loss_fn(config.loss_fn)
-        self.plan: ActorPlan = resolve_actor_plan(
-            config,
-            max_new_tokens,
-            custom_loss=custom_loss_name(self.loss_fn, config.loss_fn),
-            exact_behave_logp=exact_behave_logp,
-            prox_read_before_update=prox_read_before_update,
-        )
+        if plan is None:
+            plan = resolve_actor_plan(
+                config,
+                max_new_tokens,
+                custom_loss=custom_loss_name(self.loss_fn, config.loss_fn),
+                exact_behave_logp=exact_behave_logp,
+                prox_read_before_update=prox_read_before_update,
+            )
+        self.plan: ActorPlan = plan
         self.has_critic = has_critic
         if adv_estimator is None:
             adv_estimator = load_adv_estimator(
@@ -465,9 +471,7 @@ class PPOActor:
         prepared["prox_logp"] = prox
         if m2po_mask is not None:
             prepared["m2po_mask"] = m2po_mask
-        ctx = LossContext(
-            self.config, self.max_new_tokens, step_in_update, self.plan.ppo_spec, self.plan
-        )
+        ctx = LossContext(self.config, self.max_new_tokens, step_in_update, self.plan)
         result = self.loss_fn(logp, entropy, prepared, ctx)
         if self.plan.custom_loss is not None:  # the user's code: its result checked
             result = checked_loss_result(result, self.plan.custom_loss)

@@ -21,9 +21,8 @@ from typing import Protocol
 
 import torch
 
-from areal_m2po.algo.cispo_loss import cispo_loss
-from areal_m2po.algo.ppo_loss import PPOLossSpec, ppo_actor_loss
-from areal_m2po.algo.sapo_loss import sapo_loss
+from areal_m2po.algo.policy_loss import PolicyLossInputs, policy_loss
+from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.api.cli_args import ActorConfig
 from areal_m2po.api.errors import RunError
 from areal_m2po.trainer.ppo.plan import ActorPlan, ppo_loss_spec, resolve_actor_plan
@@ -51,17 +50,26 @@ class LossContext:
         max_new_tokens: the generation budget in tokens (``seq-mean-token-sum-norm``'s
             normaliser).
         step_in_update: index of the PPO minibatch within this training step (0-based).
-        ppo_spec: the clipped-PPO options of ``config``, checked once
-            (:func:`ppo_loss_spec`); None: built from ``config`` when needed.
         plan: the actor's choices (:class:`~areal_m2po.trainer.ppo.plan.ActorPlan`: which
-            library loss, which behaviour correction); None: resolved from ``config``.
+            library loss, its clipped-PPO options, which behaviour correction), the one source
+            of the loss's options; None (a context built outside an actor): resolved from
+            ``config`` at construction, so it is never None afterwards.
     """
 
     config: ActorConfig
     max_new_tokens: int
     step_in_update: int = 0
-    ppo_spec: PPOLossSpec | None = None
     plan: ActorPlan | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan is None:
+            plan = resolve_actor_plan(self.config, self.max_new_tokens)
+            object.__setattr__(self, "plan", plan)
+
+    @property
+    def ppo_spec(self) -> PPOLossSpec | None:
+        """The clipped-PPO options (:attr:`ActorPlan.ppo_spec`; None with SAPO)."""
+        return None if self.plan is None else self.plan.ppo_spec
 
 
 class ActorLossFn(Protocol):
@@ -108,38 +116,21 @@ def library_actor_loss(
     batch: dict[str, torch.Tensor],
     ctx: LossContext,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The library's loss (:class:`ActorLossFn`) the plan names (:attr:`ActorPlan.loss`): SAPO
-    with ``use_sapo_loss``, CISPO with ``use_cispo_loss``, else the clipped PPO loss
-    (decoupled, dual-clip, rejection sampling, GSPO as configured), M2PO-masked. CISPO takes
-    the behaviour weight as the PPO loss does (:attr:`ActorPlan.correction`)."""
-    c = ctx.config
-    plan = ctx.plan if ctx.plan is not None else resolve_actor_plan(c, ctx.max_new_tokens)
+    """The library's loss (:class:`ActorLossFn`): the policy-loss mode the plan names
+    (:attr:`ActorPlan.loss`, :func:`~areal_m2po.algo.policy_loss.policy_loss`) with the plan's
+    options, M2PO-masked. The clipped and CISPO modes take the behaviour weight the plan's
+    :attr:`ActorPlan.correction` says."""
+    plan = ctx.plan
+    assert plan is not None  # LossContext resolves it at construction
     prox = batch["prox_logp"]
-    m2po_mask = batch.get("m2po_mask")
-    if plan.loss == "sapo":
-        return sapo_loss(
-            logp=logp,
-            prox_logp=prox,
-            advantages=batch["advantages"],
-            tau_pos=c.sapo_tau_pos,
-            tau_neg=c.sapo_tau_neg,
-            loss_mask=batch["loss_mask"],
-            m2po_mask=m2po_mask,
-            loss_agg_mode=c.loss_agg_mode,
-            max_tokens_norm=ctx.max_new_tokens,
-        )
-    spec = ctx.ppo_spec or plan.ppo_spec or ppo_loss_spec(c, ctx.max_new_tokens)
     # the behaviour weight pi_prox/pi_behave only with the decoupled loss, and there only with
     # use_behave_imp_weight (which rejection_sampling requires); passing prox as the behaviour
-    # log-probs makes the weight 1
+    # log-probs makes the weight 1 (SAPO reads none)
     behave = batch["behave_logp"] if plan.correction != "none" else prox
-    if plan.loss == "cispo":
-        return cispo_loss(
-            logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
-        )
-    return ppo_actor_loss(
-        logp, prox, behave, batch["advantages"], batch["loss_mask"], spec, m2po_mask=m2po_mask
+    inputs = PolicyLossInputs(
+        logp, prox, behave, batch["advantages"], batch["loss_mask"], batch.get("m2po_mask")
     )
+    return policy_loss(plan.loss, inputs, plan.loss_options)
 
 
 def load_actor_loss_fn(spec: str | None) -> ActorLossFn:

@@ -4,22 +4,32 @@ scope and the behaviour correction (:class:`ActorPlan`, :func:`resolve_actor_pla
 The actor section spreads one choice over several keys (the loss over ``use_sapo_loss``,
 ``use_cispo_loss``, ``use_decoupled_loss`` and ``loss_fn``; the proximal source over
 ``recompute_logprob``, ``prox_logp_method``, ``ppo_n_minibatches``, the KL reward and whether a
-teacher reads the proximal log-probs; M2PO over ``m2_threshold`` and ``m2_scope``). The actor
-resolves them here at construction; its methods read the plan, and :meth:`ActorPlan.describe`
-is the start-up line that prints it. Pure: config values in, a frozen value out; no logging.
+teacher reads the proximal log-probs; M2PO over ``m2_threshold`` and ``m2_scope``). The trainer
+refuses contradictions before any model loads (:func:`check_actor_plan`), resolves the plan
+once when it builds the actor and hands it over (an actor built alone resolves its own); the
+actor's methods and the loss read the plan, and :meth:`ActorPlan.describe` is the start-up
+line that prints it. Pure: config values in, a frozen value out; no logging.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_m2po.algo.policy_loss import CUSTOM, POLICY_LOSSES, PolicyLossOptions
 from areal_m2po.algo.ppo_loss import PPOLossSpec
 from areal_m2po.algo.rejection_sampling import RejectionSampling
 from areal_m2po.api.cli_args import ActorConfig, ConfigError
 
-__all__ = ["ActorPlan", "ppo_loss_spec", "resolve_actor_plan"]
+__all__ = [
+    "ActorPlan",
+    "check_actor_plan",
+    "policy_loss_mode",
+    "policy_loss_options",
+    "ppo_loss_spec",
+    "resolve_actor_plan",
+]
 
-LOSSES = ("ppo", "decoupled_ppo", "sapo", "cispo")
+LOSSES = tuple(POLICY_LOSSES)  # the library's modes (algo/policy_loss.py)
 PROX_SOURCES = ("recompute", "loglinear", "behave")
 M2PO_SCOPES = ("off", "global", "microbatch")
 CORRECTIONS = ("none", "behave_weight", "rejection_sampling")
@@ -30,16 +40,17 @@ class ActorPlan:
     """What the actor does, decided once from its config and what the trainer knows.
 
     Attributes:
-        loss: the library loss the section selects: ``ppo`` (clipped, no behaviour weight),
-            ``decoupled_ppo`` (``use_decoupled_loss``), ``sapo`` or ``cispo``; what
+        loss: the library's policy-loss mode the section selects (:func:`policy_loss_mode`,
+            one of :data:`~areal_m2po.algo.policy_loss.POLICY_LOSSES`); what
             :func:`~areal_m2po.trainer.ppo.loss_fn.library_actor_loss` computes (a custom loss
             may call it too).
         custom_loss: the custom loss the actor calls instead (``actor.loss_fn``'s dotted path
             or the loss object's qualified name); None: the library's.
         importance_sampling_level: ``token`` (PPO) or ``sequence`` (GSPO).
         c_clip: the dual-clip constant (None: off).
-        ppo_spec: the clipped-PPO options (:func:`ppo_loss_spec`) handed to the loss; None with
-            SAPO, which takes none.
+        loss_options: the options of the loss (:func:`policy_loss_options`): the clipped-PPO
+            options (:attr:`ppo_spec`; None with SAPO, which takes none), the aggregation and
+            SAPO's temperatures.
         prox_source: ``recompute`` (a forward pass of the step-start policy), ``loglinear``
             (interpolated per micro-batch between behaviour and current log-probs by version)
             or ``behave`` (the behaviour log-probs: ``recompute_logprob=false``).
@@ -62,7 +73,7 @@ class ActorPlan:
     custom_loss: str | None
     importance_sampling_level: str
     c_clip: float | None
-    ppo_spec: PPOLossSpec | None
+    loss_options: PolicyLossOptions
     prox_source: str
     prox_reuse_behave: bool
     prox_from_update: bool
@@ -72,6 +83,17 @@ class ActorPlan:
     correction: str
     exact_behave_logp: bool
     prox_read_before_update: bool
+
+    @property
+    def ppo_spec(self) -> PPOLossSpec | None:
+        """The clipped-PPO options handed to the loss (None with SAPO)."""
+        return self.loss_options.ppo
+
+    @property
+    def mode(self) -> str:
+        """The policy-loss mode the actor runs: :attr:`loss`, or ``custom`` with a custom
+        loss (one of :data:`~areal_m2po.algo.policy_loss.MODES`)."""
+        return CUSTOM if self.custom_loss is not None else self.loss
 
     @property
     def m2po_on(self) -> bool:
@@ -127,13 +149,34 @@ def ppo_loss_spec(config: ActorConfig, max_new_tokens: int | None) -> PPOLossSpe
     )
 
 
-def _loss_kind(c: ActorConfig) -> str:
-    """The library loss the section selects."""
+def policy_loss_mode(config: ActorConfig) -> str:
+    """The library's policy-loss mode (:mod:`~areal_m2po.algo.policy_loss`) the actor section's
+    keys select, the most specific first: ``sapo`` (``use_sapo_loss``), ``cispo``
+    (``use_cispo_loss``), ``gspo`` (``importance_sampling_level=sequence``), ``decoupled``
+    (``use_decoupled_loss``), ``dual_clip`` (``c_clip`` set), else ``ppo_clip``. The clipped
+    modes combine: their options (:func:`ppo_loss_spec`) carry every key that is set."""
+    c = config
     if c.use_sapo_loss:
         return "sapo"
     if c.use_cispo_loss:
         return "cispo"
-    return "decoupled_ppo" if c.use_decoupled_loss else "ppo"
+    if c.importance_sampling_level == "sequence":
+        return "gspo"
+    if c.use_decoupled_loss:
+        return "decoupled"
+    return "dual_clip" if c.c_clip is not None else "ppo_clip"
+
+
+def policy_loss_options(config: ActorConfig, max_new_tokens: int | None) -> PolicyLossOptions:
+    """The loss options of an actor section: the clipped-PPO options (:func:`ppo_loss_spec`;
+    none with SAPO), the aggregation and SAPO's gate temperatures."""
+    return PolicyLossOptions(
+        ppo=None if config.use_sapo_loss else ppo_loss_spec(config, max_new_tokens),
+        loss_agg_mode=config.loss_agg_mode,
+        max_tokens_norm=max_new_tokens,
+        sapo_tau_pos=config.sapo_tau_pos,
+        sapo_tau_neg=config.sapo_tau_neg,
+    )
 
 
 def _correction(c: ActorConfig) -> str:
@@ -141,6 +184,26 @@ def _correction(c: ActorConfig) -> str:
     if c.use_sapo_loss or not (c.use_decoupled_loss and c.use_behave_imp_weight):
         return "none"
     return "rejection_sampling" if c.rejection_sampling is not None else "behave_weight"
+
+
+def check_actor_plan(config: ActorConfig, *, custom_loss: str | None = None) -> None:
+    """Refuse an actor section whose keys contradict each other (run before any model loads;
+    :func:`resolve_actor_plan` runs it too).
+
+    Raises:
+        ConfigError: ``actor.rejection_sampling`` without ``use_decoupled_loss`` and without a
+            custom loss (the library's loss would drop it).
+    """
+    if (
+        config.rejection_sampling is not None
+        and not config.use_decoupled_loss
+        and custom_loss is None
+    ):
+        raise ConfigError(
+            "rejection_sampling",
+            "bounds the behaviour weight of the decoupled loss, which is off: set "
+            "actor.use_decoupled_loss=true or actor.rejection_sampling=null",
+        )
 
 
 def resolve_actor_plan(
@@ -163,16 +226,10 @@ def resolve_actor_plan(
         prox_read_before_update: a teacher reads the proximal log-probs before the update.
 
     Raises:
-        ConfigError: ``actor.rejection_sampling`` without ``use_decoupled_loss`` (the loss
-            would drop it).
+        ConfigError: from :func:`check_actor_plan`.
     """
     c = config
-    if c.rejection_sampling is not None and not c.use_decoupled_loss and custom_loss is None:
-        raise ConfigError(
-            "rejection_sampling",
-            "bounds the behaviour weight of the decoupled loss, which is off: set "
-            "actor.use_decoupled_loss=true or actor.rejection_sampling=null",
-        )
+    check_actor_plan(c, custom_loss=custom_loss)
     if c.prox_logp_method == "loglinear":
         prox = "loglinear"
     else:
@@ -186,11 +243,11 @@ def resolve_actor_plan(
         and not prox_read_before_update
     )
     return ActorPlan(
-        loss=_loss_kind(c),
+        loss=policy_loss_mode(c),
         custom_loss=custom_loss,
         importance_sampling_level=c.importance_sampling_level,
         c_clip=c.c_clip,
-        ppo_spec=None if c.use_sapo_loss else ppo_loss_spec(c, max_new_tokens),
+        loss_options=policy_loss_options(c, max_new_tokens),
         prox_source=prox,
         prox_reuse_behave=prox == "recompute" and exact_behave_logp,
         prox_from_update=from_update,

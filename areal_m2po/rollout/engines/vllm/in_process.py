@@ -216,7 +216,8 @@ class VLLMInProcessEngine(VersionOnlyState, InferenceEngine):
                 raise RuntimeError("vLLM engine: destroyed")
             self._wake_locked()
             run = functools.partial(self._sample, jobs)
-            for (i, _), answer in zip(ready, answer_each(run, ready, "vLLM engine")):
+            each: list[ModelResponse | Exception] = answer_each(run, ready, "vLLM engine")
+            for (i, _), answer in zip(ready, each):
                 answers[i] = answer
             if self.options.enable_sleep_mode:  # free the GPU for the trainer until needed
                 self.llm.sleep(level=1)
