@@ -255,7 +255,10 @@ def prefill_levels(
         if want_logits:
             mine = out.logits[torch.arange(ids.shape[0], device=dev), which]
             if last is not None:
-                mine = torch.where((seg_len > 0)[:, None], mine, last[parent])
+                # index_select, not last[parent]: the rows of one prompt repeat its parent, and
+                # the backward of advanced indexing adds repeated rows with atomics in thread
+                # order (index_put_ accumulate), so 2-thread runs drifted apart (issue 55)
+                mine = torch.where((seg_len > 0)[:, None], mine, last.index_select(0, parent))
             last = mine
     length = tree.levels[-1].offset.to(dev) + base + tree.levels[-1].mask.to(dev).sum(-1)
     assert acc_ids is not None and acc_mask is not None
@@ -263,11 +266,27 @@ def prefill_levels(
 
 
 def select_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Continue ``cache`` with the rows ``rows`` (int64 ``[B']``) of its current ones."""
+    """Continue ``cache`` with the rows ``rows`` (int64 ``[B']``, repeats allowed) of its
+    current ones. A transformers ``DynamicCache``'s layers are copied with ``index_select``:
+    its own ``batch_select_indices`` indexes ``keys[rows]``, whose backward adds the repeated
+    rows' gradients in thread order (not reproducible at 2+ threads)."""
     if isinstance(cache, CascadeCache):
         cache.select(rows)
-    else:
+        return
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(_plain_kv(layer) for layer in layers):
         cache.batch_select_indices(rows)
+        return
+    for layer in layers:
+        if layer.keys.numel():
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+
+
+def _plain_kv(layer: Any) -> bool:
+    """Whether a cache layer holds its keys and values as two batch-first tensors."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    return isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)
 
 
 def _n_layers(model: torch.nn.Module) -> int:
@@ -331,7 +350,9 @@ def forward_logprobs_shared_prefix(
             **{cache_kwarg(model): state.cache},
         )
     # column start's token is predicted by the prompt's last token, column j > start's by j-1
-    logits = torch.cat([state.last_logits[leaf][:, None], out_s.logits[:, :-1]], dim=1)
+    # index_select, not [leaf]: the rows of a prompt repeat its leaf (see prefill_levels)
+    last = state.last_logits.index_select(0, leaf)
+    logits = torch.cat([last[:, None], out_s.logits[:, :-1]], dim=1)
     logp, ent = token_logprobs(logits, ids[:, start:], temperature, compute_entropy)
     logp_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
     ent_full = torch.zeros(b, full_t, dtype=torch.float32, device=ids.device)
