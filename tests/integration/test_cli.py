@@ -65,7 +65,7 @@ BAD_INPUTS: list[tuple[str, Argv, str, str]] = [
     ("choice", ["actor.optimizer.type=adam"], "actor.optimizer.type", "must be one of"),
     ("choice-deep", ["stats_logger.wandb.mode=cloud"], "stats_logger.wandb.mode", "one of"),
     ("recover-mode", ["recover.mode=sometimes"], "recover.mode", "must be one of"),
-    ("rs-bounds", ["actor.rejection_sampling.lower=3"], "actor.rejection_sampling.lower", "<"),
+    ("rs-bounds", ["actor.rejection_sampling.lower=6"], "actor.rejection_sampling.lower", "<"),
     (
         "rs-no-bound",
         ["actor.rejection_sampling.upper=null"],

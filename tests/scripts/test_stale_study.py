@@ -159,8 +159,13 @@ def test_summary_numbers_come_from_metrics(tiny_study, study):
     assert m2po["m2_before"] != "" and row["m2_before"] == ""
 
 
-def test_finished_runs_are_skipped_and_replot_works_from_the_archive(tiny_study, study, capsys):
-    tmp, args = tiny_study
+def test_finished_runs_are_skipped_and_replot_works_from_the_archive(
+    tiny_study, study, capsys, tmp_path
+):
+    src, src_args = tiny_study
+    tmp = tmp_path / "study"  # this test deletes and rewrites the study's files: its own copy,
+    shutil.copytree(src, tmp)  # so the other tests pass in any order
+    args = [a.replace(str(src), str(tmp)) for a in src_args]
     shutil.rmtree(tmp / "work" / "grpo_s1_seed3")  # a fresh clone: only the archive is left
     assert study.main([a for a in args if not a.startswith("--arms")] + ["--arms=grpo"]) == 0
     assert "grpo_s1_seed3: finished" in capsys.readouterr().out
