@@ -44,14 +44,13 @@ def hf_model(tiny_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_dir, tmp_path_factory):
+def _start_engine(tiny_dir, root):
+    """A ``RemoteVLLMEngine`` over one vLLM server it starts itself, with the run's key."""
     from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
     from areal_m2po.rollout.engines.remote.vllm import RemoteVLLMEngine
     from areal_m2po.rollout.servers.launch import VLLMServerOptions, start_vllm_servers
     from areal_m2po.utils.tiny_tokenizer import build_tiny_tokenizer
 
-    root = tmp_path_factory.mktemp("srv")
     weights = str(root / "w")
     servers = VLLMServerOptions(
         model_path=tiny_dir, max_model_len=128, num_threads=1, weights_root=weights
@@ -63,6 +62,21 @@ def engine(tiny_dir, tmp_path_factory):
         processes=start_vllm_servers(1, servers, str(root / "logs"), False, api_key=KEY),
     )
     eng.initialize()
+    return eng
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir, tmp_path_factory):
+    """The module's server, shared by the tests that leave it serving (any order)."""
+    eng = _start_engine(tiny_dir, tmp_path_factory.mktemp("srv"))
+    yield eng
+    eng.destroy()
+
+
+@pytest.fixture
+def engine_to_kill(tiny_dir, tmp_path_factory):
+    """A server of its own for the test that kills it, so the shared one outlives any order."""
+    eng = _start_engine(tiny_dir, tmp_path_factory.mktemp("srv_killed"))
     yield eng
     eng.destroy()
 
@@ -188,7 +202,8 @@ def _raw_post_head(addr, path, key, length):
         return sock.makefile("rb").readline().decode().strip()
 
 
-def test_killed_server_one_line_error_and_no_process_left(engine):
+def test_killed_server_one_line_error_and_no_process_left(engine_to_kill):
+    engine = engine_to_kill
     proc = engine.processes.procs[0]
     addr = engine.addrs[0]
     assert len(_group_pids(proc.pid)) >= 2  # API server and engine core
