@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 import torch
+from hf_servers import wait_healthy
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
 from areal_m2po.rollout.common.weight_files import read_weights, write_weights
@@ -71,17 +72,7 @@ def server(tmp_path_factory):
 
     logs = tmp_path_factory.mktemp("logs")
     procs = start_hf_servers(1, HFServerOptions("builtin:tiny", num_threads=1), str(logs))
-    addr = procs.addrs[0]
-    deadline = time.monotonic() + 120
-    while True:
-        procs.check_alive()
-        try:
-            if httpx.get(f"http://{addr}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.3)
+    addr = wait_healthy(procs)
     yield addr
     procs.stop()
     assert all(p.poll() is not None for p in procs.procs)

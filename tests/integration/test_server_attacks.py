@@ -17,11 +17,12 @@ import time
 import httpx
 import pytest
 import torch
+from hf_servers import start_tiny_hf_server
 from inprocess_server import serve_tiny
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
 from areal_m2po.rollout.common import weight_files
-from areal_m2po.rollout.common.guard import API_KEY_ENV, below_root
+from areal_m2po.rollout.common.guard import below_root
 from areal_m2po.rollout.common.weight_files import WEIGHTS_FILE, write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.errors import RequestError
@@ -156,32 +157,9 @@ def test_a_file_swapped_for_an_outside_link_after_its_check_is_never_read(
 
 def _start_server(base):
     """One HF server process as the trainer starts it (a SIGBUS would kill it, not pytest)."""
-    from areal_m2po.rollout.servers.launch import HFServerOptions, hf_server_command
-    from areal_m2po.rollout.servers.processes import ServerProcesses
-
-    root = str(base / "rollout_weights")
-    options = HFServerOptions("builtin:tiny", num_threads=1, weights_root=root)
     key = "s" * 32
-    env = {**{k: v for k, v in os.environ.items() if k != API_KEY_ENV}, API_KEY_ENV: key}
-    procs = ServerProcesses(
-        1,
-        lambda i, port: hf_server_command(options, port, i),
-        env,
-        str(base / "logs"),
-        "rollout_server",
-        "HF rollout server",
-    )
-    addr = procs.addrs[0]
-    deadline = time.monotonic() + 120
-    while True:
-        procs.check_alive()
-        try:
-            if httpx.get(f"http://{addr}/health", timeout=2).status_code == 200:
-                return addr, key, root, procs
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.3)
+    addr, root, procs = start_tiny_hf_server(base, key=key)
+    return addr, key, root, procs
 
 
 def _cut_and_copy_back(file: str, full: str, stop: threading.Event) -> None:

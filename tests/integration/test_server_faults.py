@@ -16,9 +16,9 @@ import time
 import httpx
 import pytest
 import torch
+from hf_servers import start_tiny_hf_server
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
-from areal_m2po.rollout.common.guard import API_KEY_ENV
 from areal_m2po.rollout.common.weight_files import WEIGHTS_FILE, write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.errors import RequestError
@@ -30,33 +30,7 @@ PROBE_TIMEOUT_S = 10.0  # rollout.health_check_timeout's default
 
 def _start(base, extra=(), wrap=(), key=None):
     """One HF server as the trainer starts it, its command wrapped by ``wrap``."""
-    from areal_m2po.rollout.servers.launch import HFServerOptions, hf_server_command
-    from areal_m2po.rollout.servers.processes import ServerProcesses
-
-    root = str(base / "rollout_weights")
-    options = HFServerOptions("builtin:tiny", num_threads=1, weights_root=root)
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    if key:
-        env[API_KEY_ENV] = key
-    procs = ServerProcesses(
-        1,
-        lambda i, port: [*wrap, *hf_server_command(options, port, i), *extra],
-        env,
-        str(base / "logs"),
-        "rollout_server",
-        "HF rollout server",
-    )
-    addr = procs.addrs[0]
-    deadline = time.monotonic() + 120
-    while True:
-        procs.check_alive()
-        try:
-            if httpx.get(f"http://{addr}/health", timeout=2).status_code == 200:
-                return addr, root, procs
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.3)
+    return start_tiny_hf_server(base, key=key, extra=extra, wrap=wrap)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import time
 
 import httpx
 import pytest
 import torch
+from hf_servers import start_tiny_hf_server
 
 from areal_m2po.api.engine_api import ModelRequest, SamplingParams
-from areal_m2po.rollout.common.guard import API_KEY_ENV
 from areal_m2po.rollout.common.weight_files import write_weights
 from areal_m2po.rollout.engines.remote.base import RemoteEngineOptions
 from areal_m2po.rollout.engines.remote.errors import RequestError, ServerError
@@ -32,33 +31,11 @@ GOOD = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}}
 def server(tmp_path_factory):
     """One HF server started as the trainer starts it (key in its environment, the weights
     root), with a small body limit: ``(addr, key, weights_root, processes)``."""
-    from areal_m2po.rollout.servers.launch import HFServerOptions, hf_server_command
-    from areal_m2po.rollout.servers.processes import ServerProcesses
-
     base = tmp_path_factory.mktemp("guarded")
     key = secrets.token_urlsafe(32)
-    root = str(base / "rollout_weights")
-    options = HFServerOptions("builtin:tiny", num_threads=1, weights_root=root)
-    env = {**os.environ, API_KEY_ENV: key}
-    procs = ServerProcesses(
-        1,
-        lambda i, port: [*hf_server_command(options, port, i), "--max-body-bytes", str(BODY_LIMIT)],
-        env,
-        str(base / "logs"),
-        "rollout_server",
-        "HF rollout server",
+    addr, root, procs = start_tiny_hf_server(
+        base, key=key, extra=["--max-body-bytes", str(BODY_LIMIT)]
     )
-    addr = procs.addrs[0]
-    deadline = time.monotonic() + 120
-    while True:
-        procs.check_alive()
-        try:
-            if httpx.get(f"http://{addr}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.3)
     yield addr, key, root, procs
     procs.stop()
 
