@@ -166,3 +166,25 @@ def test_on_the_tiny_model_the_row_is_what_the_engine_saw(tok):
     assert logps == pytest.approx(expected) and all(x <= 0 for x in logps)
     assert set(out["versions"][0].tolist()) <= {-1, engine.get_version()}
     assert calls[1][1] == list(last.output_ids)
+
+
+def test_an_episode_with_no_room_for_the_feedback_ends_with_reward_zero(tok):
+    """The trainer's episode budget (not AReaL's): the feedback turn does not fit after the
+    first wrong answer, so the episode ends there; the answer asks only for what is left."""
+    from areal_m2po.areal.infra import workflow_context
+
+    engine = Scripted([([5, 6], [-0.5, -0.5], [0, 0]), ([7], [-0.5], [0])])
+    reward_fn, calls = _rewards(0.0, 1.0)
+    wf = _workflow(tok, reward_fn)
+    ids = tok.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+    prompt_len = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    budget = prompt_len + 3  # room for 3 tokens: the answer, not the feedback after it
+
+    async def go():  # type: ignore[no-untyped-def]
+        workflow_context.set(workflow_context.WorkflowContext(max_episode_tokens=budget))
+        return await wf.arun_episode(InferenceEngine(engine), {"messages": MESSAGES})
+
+    out = asyncio.run(go())
+    assert len(engine.requests) == 1 and len(calls) == 1
+    assert engine.requests[0].sampling.max_new_tokens == 3  # min(max_new_tokens 4, 3 left)
+    assert out["rewards"].tolist() == [0.0] and out["input_ids"].shape[1] == prompt_len + 2

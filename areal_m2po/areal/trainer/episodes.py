@@ -27,6 +27,7 @@ above 0.5 counts as correct (``eval/accuracy``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -174,7 +175,9 @@ class ArealEpisodes(RolloutWorkflow):
     async def _run(
         self, engine: Any, record: dict[str, Any], ctx: workflow_context.WorkflowContext
     ) -> tuple[list[Trajectory] | None, dict[str, list[float]]]:
-        workflow_context.set(ctx)
+        workflow_context.set(
+            dataclasses.replace(ctx, max_episode_tokens=self.context.max_episode_tokens)
+        )
         recorder = stats_tracker.Recorder()
         stats_tracker.use_recorder(recorder)
         wf = self.eval_workflow if ctx.is_eval else self.workflow

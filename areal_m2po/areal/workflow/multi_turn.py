@@ -10,6 +10,10 @@ The reward, AReaL's call ``reward_fn(prompt, completions, prompt_ids, completion
 **data)`` on the last answer, is discounted by ``turn_discount ** (turns - 1)``. The episode
 is one row of AReaL's tensor dict: the whole sequence, answers in the loss mask, the
 feedback turns out of it, with AReaL's ``turn_ids``.
+
+Unlike AReaL, the episode keeps to the trainer's episode budget (``rollout.max_episode_tokens``,
+and ``gconfig.max_tokens``): an answer gets at most the tokens left, and an episode with no
+room for the feedback turn ends there with reward 0 (the package's loop's rule).
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         prompt = apply_chat_template(
             self.tokenizer, data["messages"], tokenize=True, add_generation_prompt=True
         )
+        limits = [self.gconfig.max_tokens, workflow_context.get().max_episode_tokens]
         episode, _ = await run_episode(
             generate,
             env,
@@ -153,7 +158,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             prompt,
             self.max_turns,
             self.gconfig.max_new_tokens,
-            sys.maxsize,
+            min([t for t in limits if t is not None], default=sys.maxsize),
         )
         turns = episode.policy_turns
         reward = float(env.reward * math.prod([self.turn_discount] * (turns - 1)))
