@@ -62,6 +62,25 @@ class GenerationHyperparameters(GenerationConfig):
                 ids.append(int(t))
         return self.new(stop_token_ids=ids)
 
+    def to_openai_args_dict(
+        self, exclude_args: list[str] | None = None, api_format: str = "completions"
+    ) -> dict[str, Any]:
+        """AReaL's arguments of an OpenAI call: ``n``, the token bound
+        (``max_completion_tokens``; ``max_output_tokens`` for ``responses``, ``max_tokens``
+        for ``openai-agents``), ``temperature``, ``top_p``, ``stop``; the fields named in
+        ``exclude_args`` left out."""
+        bounds = {
+            "completions": "max_completion_tokens",
+            "responses": "max_output_tokens",
+            "openai-agents": "max_tokens",
+        }
+        if api_format not in bounds:
+            raise ValueError(f"Unsupported API format: {api_format}")
+        fields = {"n_samples": "n", "max_new_tokens": bounds[api_format]}
+        fields.update({k: k for k in ("temperature", "top_p", "stop")})
+        skip = set(exclude_args or ())
+        return {key: getattr(self, name) for name, key in fields.items() if name not in skip}
+
     def to_sampling(self) -> SamplingParams:
         """The :class:`~areal_m2po.api.engine_api.SamplingParams` of one completion
         (``greedy``: temperature 0; ``n_samples`` is not a per-call setting)."""

@@ -17,11 +17,15 @@ __all__ = ["WorkflowContext", "get", "set", "stat_scope"]
 @dataclass(frozen=True)
 class WorkflowContext:
     """``is_eval``: an evaluation episode; ``task_id``: the record's index in its batch;
-    ``sample_idx``: which of the record's ``n_samples`` episodes this is."""
+    ``sample_idx``: which of the record's ``n_samples`` episodes this is;
+    ``max_episode_tokens``: the trainer's episode budget (``rollout.max_episode_tokens``
+    resolved; not AReaL's: an episode's sequence may hold no more tokens), None outside the
+    trainer."""
 
     is_eval: bool = False
     task_id: int = 0
     sample_idx: int = 0
+    max_episode_tokens: int | None = None
 
 
 _CURRENT: contextvars.ContextVar[WorkflowContext | None] = contextvars.ContextVar(

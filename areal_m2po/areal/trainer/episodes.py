@@ -4,7 +4,8 @@
 :class:`~areal_m2po.areal.api.workflow_api.RolloutWorkflow`: each of the executor's
 ``gconfig.n_samples`` episodes of a record calls the AReaL workflow's
 ``arun_episode(engine, data)`` (``engine`` the AReaL view of this package's engine, ``data``
-the AReaL record) and turns the returned tensor dict into a
+the AReaL record) and turns the returned tensor dict (or the one interaction an
+``ArealOpenAI`` client exported) into a
 :class:`~areal_m2po.api.workflow_api.Trajectory`: ``input_ids`` where ``attention_mask`` is
 set, ``loss_mask``, ``logprobs`` and per-token ``versions`` as they are (staleness and M2PO
 read them), ``rewards`` as the reward. None drops the record's group.
@@ -26,6 +27,7 @@ above 0.5 counts as correct (``eval/accuracy``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,6 +107,22 @@ def rows_to_trajectories(
     return out
 
 
+def _interaction_row(interactions: dict[str, Any], name: str) -> dict[str, Any]:
+    """The tensor dict of the one interaction an episode exported (AReaL's
+    ``export_interactions``); an episode is one trajectory here.
+
+    Raises:
+        WorkflowError: more than one interaction.
+    """
+    if len(interactions) != 1:
+        raise WorkflowError(
+            f"AReaL {name}: arun_episode returned {len(interactions)} interactions; an episode "
+            "trains as one trajectory here: ArealOpenAI(chat_template_type='concat') and "
+            "export_interactions(style='concat') give its one chain"
+        )
+    return next(iter(interactions.values())).to_tensor_dict()
+
+
 _OWN_KEYS = frozenset({"prompt_ids", "prompt_text", AREAL_DATA})
 
 
@@ -157,7 +175,9 @@ class ArealEpisodes(RolloutWorkflow):
     async def _run(
         self, engine: Any, record: dict[str, Any], ctx: workflow_context.WorkflowContext
     ) -> tuple[list[Trajectory] | None, dict[str, list[float]]]:
-        workflow_context.set(ctx)
+        workflow_context.set(
+            dataclasses.replace(ctx, max_episode_tokens=self.context.max_episode_tokens)
+        )
         recorder = stats_tracker.Recorder()
         stats_tracker.use_recorder(recorder)
         wf = self.eval_workflow if ctx.is_eval else self.workflow
@@ -169,6 +189,8 @@ class ArealEpisodes(RolloutWorkflow):
                 f"AReaL {self.name}: arun_episode returned {type(result).__name__}, not AReaL's "
                 "dict of tensors or None (agents with run() go through the agent workflow)"
             )
+        if result and all(hasattr(v, "to_tensor_dict") for v in result.values()):
+            result = _interaction_row(result, self.name)
         return rows_to_trajectories(result, self.context.eos_token_ids, self.name), recorder.values
 
     async def arun_episode(self, engine: Any, record: dict[str, Any]) -> Trajectory | None:

@@ -16,12 +16,13 @@ import torch
 
 from areal_m2po.areal.api.generation import GenerationHyperparameters
 from areal_m2po.areal.api.io_struct import ModelRequest
-from areal_m2po.areal.api.reward_api import AsyncRewardWrapper
 from areal_m2po.areal.api.workflow_api import RolloutWorkflow
 from areal_m2po.areal.infra import workflow_context
 from areal_m2po.areal.utils import stats_tracker
 from areal_m2po.areal.utils.hf_utils import apply_chat_template, load_hf_tokenizer
 from areal_m2po.areal.utils.wing_paths import import_areal
+from areal_m2po.areal.workflow._episode import LazyReward, episode_tensors, generated
+from areal_m2po.rollout.workflows.multi_turn.episode import EpisodeTokens
 
 __all__ = ["RLVRWorkflow", "default_data_extract_prompt_fn", "default_get_input_ids_fn"]
 
@@ -71,22 +72,18 @@ class RLVRWorkflow(RolloutWorkflow):
         ),
     ) -> None:
         self.reward_fn = reward_fn
+        self.async_reward_fn = LazyReward(reward_fn)  # a path: imported at the first episode
         self.tokenizer = load_hf_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self.gconfig = GenerationHyperparameters.of(gconfig).new_with_stop_and_pad_token_ids(
             self.tokenizer
         )
         self.enable_thinking = enable_thinking
-        # a path is imported at the first episode (AReaL's order)
-        self.async_reward_fn = None if isinstance(reward_fn, str) else AsyncRewardWrapper(reward_fn)
         self.get_input_ids_fn = _loaded(get_input_ids_fn)
         self.data_extract_prompt_fn = _loaded(data_extract_prompt_fn)
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The episode's tensor dict, one row (see
         :mod:`areal_m2po.areal.api.workflow_api`)."""
-        if self.async_reward_fn is None:
-            fn = import_areal(str(self.reward_fn))
-            self.reward_fn, self.async_reward_fn = fn, AsyncRewardWrapper(fn)
         input_ids = list(
             self.get_input_ids_fn(
                 self.data_extract_prompt_fn(data), self.tokenizer, self.enable_thinking
@@ -107,13 +104,6 @@ class RLVRWorkflow(RolloutWorkflow):
             **data,
         )
         stats_tracker.get(workflow_context.stat_scope()).scalar(reward=reward)
-        p, c = resp.input_len, resp.output_len
-        row = {
-            "input_ids": torch.tensor(resp.input_tokens + resp.output_tokens, dtype=torch.int32),
-            "loss_mask": torch.tensor([0] * p + [1] * c, dtype=torch.int32),
-            "logprobs": torch.tensor([0.0] * p + resp.output_logprobs, dtype=torch.float32),
-            "versions": torch.tensor([-1] * p + resp.output_versions, dtype=torch.int32),
-            "attention_mask": torch.ones(p + c, dtype=torch.bool),
-            "rewards": torch.tensor(float(reward), dtype=torch.float32),
-        }
-        return {k: v.unsqueeze(0) for k, v in row.items()}
+        episode = EpisodeTokens.from_prompt(resp.input_tokens)
+        episode.append_policy(generated(resp))
+        return episode_tensors(episode, float(reward))

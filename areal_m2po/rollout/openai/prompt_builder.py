@@ -40,7 +40,15 @@ class PromptBuilder:
             else self.assistant_close
         )
 
-    def render(self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        generation_prompt: bool,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template's text of ``messages`` (``template_kwargs``: the template's own
+        variables, such as ``enable_thinking``)."""
         rendered = []
         for m in messages:  # templates take tool-call arguments as objects
             if m.get("tool_calls"):
@@ -48,7 +56,11 @@ class PromptBuilder:
             rendered.append(m)
         try:
             return self.tokenizer.apply_chat_template(
-                rendered, tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+                rendered,
+                tools=tools,
+                add_generation_prompt=generation_prompt,
+                tokenize=False,
+                **template_kwargs,
             )
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
             raise ChatRequestError(

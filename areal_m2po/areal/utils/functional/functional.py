@@ -9,7 +9,7 @@ AReaL                              this package
 ``sapo_loss_fn``                   :func:`areal_m2po.algo.sapo_loss.sapo_token_terms`
 ``cispo_loss_fn``                  :func:`areal_m2po.algo.cispo_loss.cispo_token_terms`
 ``ppo_critic_loss_fn``             :func:`areal_m2po.algo.critic_loss.critic_token_terms`
-``dpo_pair_logratios``             :func:`areal_m2po.algo.dpo.dpo_pair_logratios` (packed)
+``dpo_pair_logratios``             :func:`areal_m2po.algo.dpo.pair_sequence_logps` (packed)
 ``dpo_preference_loss``            :func:`areal_m2po.algo.dpo.dpo_preference_loss`
 ``apply_rejection_sampling``       :func:`areal_m2po.algo.rejection_sampling.apply_rejection_sampling`
 ``masked_normalization``           :func:`areal_m2po.algo.normalization.normalization_stats`
@@ -360,7 +360,8 @@ def dpo_pair_logratios(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """AReaL's ``dpo_pair_logratios`` on its packed layout: each sequence's summed
     completion log-probs under the policy and the reference, and its completion tokens, in
-    pairs (:func:`~areal_m2po.algo.dpo.dpo_pair_logratios` on the padded layout).
+    pairs (:func:`~areal_m2po.algo.dpo.pair_sequence_logps` on the padded layout; a kept
+    sequence with no completion token is refused there, where AReaL sums nothing to 0).
 
     Args:
         logprobs, ref_logprobs: float ``[N]``, the sequences packed one after the other,
@@ -393,9 +394,8 @@ def dpo_pair_logratios(
         empty = torch.zeros(0, 2, dtype=torch.float64, device=logprobs.device)
         return empty, empty.clone(), empty.clone()
     lens = mask.sum(-1).double().view(-1, 2)
-    policy = torch.where(mask, rows(logprobs).double(), 0.0).sum(-1).view(-1, 2)
-    ref = torch.where(mask, rows(ref_logprobs).double(), 0.0).sum(-1).view(-1, 2)
-    return policy, ref, lens
+    policy = dpo.pair_sequence_logps(rows(logprobs), mask)
+    return policy, dpo.pair_sequence_logps(rows(ref_logprobs), mask), lens
 
 
 def dpo_preference_loss(
