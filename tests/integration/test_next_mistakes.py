@@ -18,30 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import REPO, subprocess_env
+from procs import REPO, only_error_line, run_module, subprocess_env
 
 TINY_RL = str(REPO / "configs" / "tiny.yaml")
 TIMEOUT_S = 300
-
-
-def _run(module: str, *args: str, cwd: Path = REPO, env: dict | None = None):
-    """``python -m areal_m2po.<module> *args`` in ``cwd``; stdout and stderr captured apart."""
-    return subprocess.run(
-        [sys.executable, "-m", f"areal_m2po.{module}", *args],
-        cwd=cwd,
-        env=env or subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-
-
-def _only_line(proc: subprocess.CompletedProcess, status: int = 2) -> str:
-    """A run stopped at start-up: ``status`` and stderr that is that one ``error:`` line."""
-    assert proc.returncode == status, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    return lines[0]
 
 
 def _rl(out: Path, *extra: str) -> list[str]:
@@ -85,7 +65,7 @@ def test_a_reward_model_path_without_a_trained_head_is_refused(tmp_path, make):
     """It trained PPO against a randomly initialised score head and exited 0."""
     model = make(tmp_path / "not_a_reward_model")
     out = tmp_path / "run"
-    line = _only_line(_run("train", *_rl(out, f"reward.model.path={model}")))
+    line = only_error_line(run_module("train", *_rl(out, f"reward.model.path={model}")))
     assert line.startswith(f"error: reward.model.path: {model} is not a reward model: "), line
     assert "train_rm" in line
     assert not out.exists()
@@ -126,12 +106,12 @@ def test_overwrite_output_dir_deletes_the_replaced_runs_saved_models(tmp_path):
     """The replaced run's ``checkpoints/step_*`` (and ``final``) stayed beside the new run's
     metrics, passing for its models; other files there are the user's and stay."""
     out = tmp_path / "sft"
-    first = _run("train_sft", *_sft(out, "saver.freq_steps=1", "saver.save_at_end=true"))
+    first = run_module("train_sft", *_sft(out, "saver.freq_steps=1", "saver.save_at_end=true"))
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final", "step_1", "step_2"]
     (out / "checkpoints" / "notes.txt").write_text("mine")
     args = _sft(out, "total_train_steps=1", "saver.save_at_end=false", "overwrite_output_dir=true")
-    again = _run("train_sft", *args)
+    again = run_module("train_sft", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["notes.txt"]
 
@@ -144,7 +124,7 @@ def test_eval_multi_turn_with_a_missing_model_is_one_line(tmp_path):
         [sys.executable, str(script), "--model", str(tmp_path / "nope")],
         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT_S,
     )  # fmt: skip
-    line = _only_line(proc)
+    line = only_error_line(proc)
     assert line.startswith(f"error: --model: {tmp_path / 'nope'} does not exist"), line
 
 

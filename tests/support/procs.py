@@ -136,3 +136,27 @@ def read_metrics(run_dir: str | Path, missing_ok: bool = False) -> list[dict]:
 def untimed(record: dict) -> dict:
     """A metrics record without its ``timing/*`` values (which differ between runs)."""
     return {k: v for k, v in record.items() if not k.startswith("timing/")}
+
+
+def run_module(
+    module: str, *args: str, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m areal_m2po.<module> *args`` in ``cwd`` (``TIMEOUT_S`` at most); stdout and
+    stderr captured apart."""
+    return subprocess.run(
+        [sys.executable, "-m", f"areal_m2po.{module}", *args],
+        cwd=cwd,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def only_error_line(proc: subprocess.CompletedProcess, status: int = 2) -> str:
+    """A run stopped at start-up: ``status`` and stderr that is one ``error:`` line alone (no
+    model loading, no traceback); that line."""
+    assert proc.returncode == status, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
