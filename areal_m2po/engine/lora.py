@@ -30,9 +30,11 @@ import torch
 
 from areal_m2po.api.cli_args import LoRAConfig
 from areal_m2po.engine.hf_model import as_peft, as_pretrained
+from areal_m2po.engine.precision import TORCH_DTYPES
 
 __all__ = [
     "ADAPTER_NAME",
+    "LoRAAdapter",
     "adapter_disabled",
     "adapter_state_dict",
     "apply_lora",
@@ -236,3 +238,59 @@ def merged_model_from(
             if name in own:
                 own[name].copy_(value)
     return plain
+
+
+class LoRAAdapter:
+    """A LoRA adapter on a train engine's model, whichever backend places it: the wrap, the
+    merged weights the rollout side and HF saves take, the base model as a reference.
+
+    Args:
+        config: the engine's ``lora`` section.
+        gradient_checkpointing: the engine checkpoints activations (frozen embeddings then
+            need an input gradient).
+        dtype: the engine's ``dtype`` key (the merged copy's dtype).
+    """
+
+    def __init__(self, config: LoRAConfig, gradient_checkpointing: bool, dtype: str) -> None:
+        self.config = config
+        self.gradient_checkpointing = gradient_checkpointing
+        self.dtype = TORCH_DTYPES[dtype]
+
+    def wrap(self, raw: torch.nn.Module) -> torch.nn.Module:
+        """``raw`` with the adapter (:func:`apply_lora`): only the adapters (and a head)
+        require gradients."""
+        model = apply_lora(raw, self.config)
+        if self.gradient_checkpointing:
+            as_pretrained(model).enable_input_require_grads()
+        return model
+
+    def merged(
+        self, model: torch.nn.Module, named: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The merged weights under the base model's names from the unwrapped ``model``'s
+        ``(name, tensor)`` stream (:func:`merged_named_tensors`)."""
+        return merged_named_tensors(named, lora_scalings(model))
+
+    def merged_model(
+        self,
+        model: torch.nn.Module,
+        named: Iterable[tuple[str, torch.Tensor]],
+        device: torch.device,
+    ) -> torch.nn.Module:
+        """A plain causal LM holding the merged weights (:func:`merged_model_from`)."""
+        return merged_model_from(model, named, device, self.dtype)
+
+    def save(
+        self,
+        model: torch.nn.Module,
+        path: str,
+        state: Mapping[str, torch.Tensor],
+        tokenizer: Any | None = None,
+    ) -> None:
+        """The adapter to ``path``, and the merged model with ``save_merged``
+        (:func:`save_lora_pretrained`)."""
+        save_lora_pretrained(model, path, state, self.config.save_merged, tokenizer)
+
+    def disabled(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Run the base model inside (:func:`adapter_disabled`)."""
+        return adapter_disabled(model)

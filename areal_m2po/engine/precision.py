@@ -25,6 +25,7 @@ import torch
 from areal_m2po.utils import dist
 
 __all__ = [
+    "TORCH_DTYPES",
     "LossScale",
     "MixedPrecision",
     "check_finite_weights",
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 FLOAT16 = "float16"
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The ``dtype`` keys of the engine sections as torch dtypes."""
 
 
 def load_dtype(dtype: str, trainable: bool, lora: bool) -> str:

@@ -14,7 +14,14 @@ import torch
 
 from areal_m2po.utils import dist
 
-__all__ = ["accumulate_stat", "extremum", "global_extrema"]
+__all__ = ["accumulate_stat", "as_f64", "extremum", "global_extrema", "global_step_stats"]
+
+
+def as_f64(x: torch.Tensor | float) -> torch.Tensor:
+    """A detached float64 0-dim CPU-or-device tensor (no host sync for device tensors)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(()).to(torch.float64)
+    return torch.tensor(float(x), dtype=torch.float64)
 
 
 def extremum(key: str) -> str | None:
@@ -52,3 +59,34 @@ def global_extrema(keys: list[str], local: list[float]) -> dict[str, float]:
         torch.tensor([s * v for s, v in zip(signs, local)], dtype=torch.float64)
     ).tolist()
     return {k: s * v if math.isfinite(v) else 0.0 for k, s, v in zip(keys, signs, both)}
+
+
+def global_step_stats(
+    grad_norm: torch.Tensor,
+    loss_total: torch.Tensor | float,
+    stat_sums: dict[str, torch.Tensor | float],
+    stat_weight: float,
+    device: torch.device,
+) -> tuple[float, bool, dict[str, float]]:
+    """The step's grad norm, whether every rank's loss is finite and its loss stats, the
+    same on every rank.
+
+    One host sync for this rank's values (gathered on ``device``), then one all-reduce; each
+    loss stat is its weighted sum over all ranks divided by the total weight (``stat_weight``
+    summed over ranks; 1 when zero), each extremum stat its extremum over ranks.
+    """
+    keys = sorted(k for k in stat_sums if extremum(k) is None)
+    ext_keys = sorted(k for k in stat_sums if extremum(k) is not None)
+    values = [grad_norm, loss_total] + [stat_sums[k] for k in keys + ext_keys]
+    host = torch.stack([as_f64(v).to(device) for v in values]).tolist()
+    grad_norm_f, loss_total_f = host[0], host[1]
+    sums = dist.all_reduce_sum(
+        torch.tensor(
+            host[2 : 2 + len(keys)] + [stat_weight, 0.0 if math.isfinite(loss_total_f) else 1.0],
+            dtype=torch.float64,
+        )
+    ).tolist()
+    denom = sums[-2] if sums[-2] > 0 else 1.0
+    loss_stats = {k: v / denom for k, v in zip(keys, sums)}
+    loss_stats.update(global_extrema(ext_keys, host[2 + len(keys) :]))
+    return grad_norm_f, sums[-1] == 0, loss_stats

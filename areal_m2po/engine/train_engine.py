@@ -5,13 +5,16 @@ hands it a batch, a micro-batch loss and a weight function, and the engine does 
 gradient accumulation with global token weighting, clipping and the optimizer step. Its forward
 (:meth:`HFTrainEngine.forward_tokens`) gives per-token outputs: log-probs and entropies for a
 policy, values for a critic (``forward_fn``).
+
+What differs between placements (replicated: DDP; sharded: FSDP2) is the engine's placement
+backend (:mod:`areal_m2po.engine.backends`, picked from ``backend`` in one place); a LoRA
+adapter is an adapter on either (:class:`~areal_m2po.engine.lora.LoRAAdapter`); float16 mixed
+precision is :class:`~areal_m2po.engine.precision.MixedPrecision`. The rollout side gets the
+policy's weights from one method, :meth:`HFTrainEngine.weights_for_rollout`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
 import functools
 import logging
 import math
@@ -22,15 +25,23 @@ import torch
 from accelerate import Accelerator
 
 from areal_m2po.api.cli_args import RefConfig, TrainEngineConfig
-from areal_m2po.engine import fsdp, hf_model, lora
+from areal_m2po.engine import hf_model
+from areal_m2po.engine.backends import PlacementBackend, backend_class
 from areal_m2po.engine.builtin_models import resolve_model_path
 from areal_m2po.engine.checked_forward import CheckedForwards
 from areal_m2po.engine.dropout import disable_dropout
 from areal_m2po.engine.forward import forward_logprobs
-from areal_m2po.engine.optim import build_optimizer, restore_schedule
-from areal_m2po.engine.precision import MixedPrecision, check_finite_weights, load_dtype
+from areal_m2po.engine.lora import LoRAAdapter
+from areal_m2po.engine.optim import restore_schedule
+from areal_m2po.engine.precision import (
+    TORCH_DTYPES,
+    MixedPrecision,
+    check_finite_weights,
+    load_dtype,
+)
+from areal_m2po.engine.rollout_weights import RolloutWeights
 from areal_m2po.engine.shared_prefix import HeadStore, forward_logprobs_shared_prefix
-from areal_m2po.engine.step_stats import accumulate_stat, extremum, global_extrema
+from areal_m2po.engine.step_stats import accumulate_stat, as_f64, global_step_stats
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows, split_microbatches
 
@@ -52,7 +63,7 @@ the micro-batch has nothing to score (see :func:`zero_through_model`)."""
 WeightFn = Callable[[Batch], float]
 """``loss_weight_fn(micro_batch) -> weight`` (e.g. its number of valid tokens)."""
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TORCH_DTYPES = TORCH_DTYPES  # the name older imports use
 
 
 def load_causal_lm(path: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
@@ -81,16 +92,10 @@ def _with_graph(loss: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
     return loss + outputs.sum() * 0.0
 
 
-def _as_f64(x: torch.Tensor | float) -> torch.Tensor:
-    """A detached float64 0-dim CPU-or-device tensor (no host sync for device tensors)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().reshape(()).to(torch.float64)
-    return torch.tensor(float(x), dtype=torch.float64)
-
-
 class HFTrainEngine:
     """A trainable causal LM: per-token forward (``forward_tokens``), ``train_batch``,
-    save/load, a version counter.
+    save/load, a version counter, and the policy's weights for the rollout side
+    (:meth:`weights_for_rollout`).
 
     Args:
         config: the model/optimizer section (actor or critic).
@@ -100,10 +105,10 @@ class HFTrainEngine:
         trainable: False for a frozen model (the reference policy): no optimizer.
         forward_fn: how a micro-batch becomes per-token outputs (default: log-probs).
 
-    With ``config.backend == "fsdp2"`` the model is sharded with :func:`fsdp.shard_model` on
-    the process group Accelerate set up (it is not handed to ``accelerator.prepare``), the
-    optimizer holds this rank's shards, and every forward/backward is a collective: ranks with
-    fewer micro-batches, or with a micro-batch that has nothing to score, run idle forwards.
+    Where the model lives is the placement backend's (``config.backend``: ``ddp``
+    replicates it through ``accelerator.prepare``; ``fsdp2`` shards it with FSDP2, the
+    optimizer holding this rank's shards, every forward/backward a collective: ranks with
+    fewer micro-batches, or with a micro-batch that has nothing to score, run idle forwards).
     """
 
     def __init__(
@@ -118,7 +123,16 @@ class HFTrainEngine:
         self.config = config
         self.accelerator = accelerator
         self.version = 0
-        self.sharded = config.backend == "fsdp2"
+        self.trainable = trainable
+        backend = backend_class(config.backend)  # ddp or fsdp2, read here only
+        self.precision = MixedPrecision(config.dtype, trainable, backend.sharded, self.device.type)
+        self.backend: PlacementBackend = backend(config, accelerator, self.precision)
+        lora_cfg = getattr(config, "lora", None)
+        self.adapter = (
+            LoRAAdapter(lora_cfg, config.gradient_checkpointing, config.dtype)
+            if lora_cfg is not None and trainable
+            else None
+        )
         # the packed and shared-prefix forwards, each checked once on this model; only for the
         # policy's own log-probs (the default forward_fn)
         self.checks = CheckedForwards(
@@ -127,102 +141,53 @@ class HFTrainEngine:
         if forward_fn is None:
             forward_fn = self.checks.packed if config.mb_spec.packing else forward_logprobs
         self.forward_fn: ForwardFn = forward_fn
-        self._n_forward = 0  # calls of the model's forward (sharded: keeps ranks in step)
-        self.precision = MixedPrecision(config.dtype, trainable, self.sharded, self.device.type)
         if model is None:
             dtype = load_dtype(config.dtype, trainable, config.lora is not None)
             model = load_causal_lm(config.path, dtype, config.attn_implementation)
-        raw = model
-        self.trainable = trainable
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
         if not trainable:
-            raw.requires_grad_(False)
-            raw.eval()
-            self.model = self._place(raw)
-            self.optimizer = None
-            self.scheduler = None
+            model.requires_grad_(False)
+            model.eval()
+            self.model = self.backend.place(model)
             return
         if getattr(config, "disable_dropout", False):
-            disable_dropout(raw)
+            disable_dropout(model)
         if config.gradient_checkpointing:
-            hf_model.as_pretrained(raw).gradient_checkpointing_enable()
-        if config.lora is not None:  # only the adapters (and a head) require gradients
-            raw = self._with_lora(raw)
-        self.precision.upcast_trainable(raw)  # float16: float32 master weights
-        if self.sharded:
-            raw = self._place(raw)
-        optimizer, scheduler = build_optimizer(raw.parameters(), config.optimizer, total_steps)
-        # The scheduler stays unwrapped: Accelerate's wrapper steps it once per process.
-        if self.sharded:
-            self.model, self.optimizer = raw, optimizer
-        else:
-            self.model, self.optimizer = accelerator.prepare(raw, optimizer)
-        self.scheduler = scheduler
+            hf_model.as_pretrained(model).gradient_checkpointing_enable()
+        if self.adapter is not None:  # only the adapters (and a head) require gradients
+            model = self.adapter.wrap(model)
+        self.precision.upcast_trainable(model)  # float16: float32 master weights
+        self.model, self.optimizer, self.scheduler = self.backend.prepare(model, total_steps)
 
-    def _with_lora(self, raw: torch.nn.Module) -> torch.nn.Module:
-        """``raw`` wrapped with the LoRA adapter of ``config.lora`` (:mod:`engine.lora`)."""
-        assert self.config.lora is not None
-        model = lora.apply_lora(raw, self.config.lora)
-        if self.config.gradient_checkpointing:  # frozen embeddings: checkpoints need an input grad
-            hf_model.as_pretrained(model).enable_input_require_grads()
-        return model
+    @property
+    def sharded(self) -> bool:
+        """Whether the backend shards the model (fsdp2)."""
+        return self.backend.sharded
 
     @property
     def lora(self) -> bool:
         """Whether the model trains a LoRA adapter (``config.lora``)."""
-        return getattr(self.config, "lora", None) is not None and self.trainable
-
-    def _place(self, raw: torch.nn.Module) -> torch.nn.Module:
-        """The model on this process's device; sharded over all processes with fsdp2."""
-        if not self.sharded:
-            return raw.to(self.accelerator.device)
-        fsdp_cfg = self.config.fsdp
-        if self.precision.enabled and fsdp_cfg.param_dtype is None:  # compute in float16
-            fsdp_cfg = dataclasses.replace(fsdp_cfg, param_dtype="float16")
-        model = fsdp.shard_model(raw, fsdp_cfg, self.accelerator.device)
-
-        def count(*_: Any) -> None:
-            self._n_forward += 1
-
-        model.register_forward_pre_hook(count)
-        return model
-
-    def _idle_micro_batches(self, n_local: int) -> int:
-        """Idle forwards this rank adds so that every rank runs as many forwards (fsdp2)."""
-        if not self.sharded:
-            return 0
-        most = int(dist.all_reduce_max(torch.tensor([float(n_local)]))[0])
-        return most - n_local
+        return self.adapter is not None
 
     def _forward(
         self, mb: Batch, temperature: float, compute_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward_fn`` on one micro-batch; a sharded model is always called exactly once
-        (an idle forward when ``forward_fn`` had nothing to score), tying the zero output to
-        the graph so the backward runs the gradient reduce-scatter with the other ranks."""
-        before = self._n_forward
-        with self.precision.autocast():
-            out, aux = self.forward_fn(self.model, mb, temperature, compute_entropy)
-        if self.sharded and self._n_forward == before:
-            out = out + fsdp.idle_forward(self.model, self.device)
-        return out, aux
+        """``forward_fn`` on one micro-batch under the engine's precision; a sharded model is
+        always called exactly once (an idle forward when ``forward_fn`` had nothing to score,
+        tied to the output so that the backward runs the gradient reduce-scatter)."""
 
-    def _grad_sync(self, enabled: bool) -> Any:
-        """A context in which the backward reduces gradients over ranks only if ``enabled``."""
-        if not self.sharded:
-            return contextlib.nullcontext() if enabled else self.accelerator.no_sync(self.model)
-        fsdp.set_grad_sync(self.model, enabled or not self.config.fsdp.accumulate_unsharded_grads)
-        return contextlib.nullcontext()
+        def run() -> tuple[torch.Tensor, torch.Tensor]:
+            with self.precision.autocast():
+                return self.forward_fn(self.model, mb, temperature, compute_entropy)
 
-    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        if self.sharded:
-            return fsdp.clip_grad_norm(list(self.model.parameters()), max_norm)
-        return self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        return self.backend.forward(self.model, run)
 
     # -- properties ---------------------------------------------------------------------------
 
     @property
     def unwrapped(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        return self.backend.unwrap(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -232,6 +197,12 @@ class HFTrainEngine:
         if self.optimizer is None:
             return 0.0
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def computes_like_plain_model(self) -> bool:
+        """Whether this engine's forward computes what a plain copy of its model in its
+        ``dtype`` computes (the rollout side's): False with float16 mixed precision, where
+        the engine runs float32 master weights under float16 autocast."""
+        return not self.precision.enabled
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -269,15 +240,27 @@ class HFTrainEngine:
         ent = torch.zeros(b, t, dtype=torch.float32, device=home)
         # agreed before any forward: a sharded forward is a collective, so a rank must not
         # reach the agreement while another runs its extra forwards
-        n_idle = self._idle_micro_batches(len(idx_list))
+        n_idle = self.backend.idle_micro_batches(len(idx_list))
         for idx in idx_list:
             mb = {k: v.index_select(0, idx.to(v.device)).to(self.device) for k, v in batch.items()}
             mb_logp, mb_ent = forward(mb, temperature, compute_entropy)
             logp[idx.to(home)] = mb_logp.to(home)
             ent[idx.to(home)] = mb_ent.to(home)
         for _ in range(n_idle):
-            fsdp.idle_forward(self.model, self.device)
+            self.backend.idle_forward(self.model)
         return logp, ent
+
+    @torch.no_grad()
+    def forward_whole(
+        self, batch: Batch, temperature: float = 1.0, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_fn`` on the whole ``batch`` in one call (no micro-batches), without
+        gradient, the model in eval mode, under the engine's precision, the inputs moved to
+        the engine's device: an evaluation pass over a batch whose layout only ``forward_fn``
+        knows (e.g. a reward model's pairs). Sharded: every rank calls it as often."""
+        self.model.eval()
+        mb = {k: v.to(self.device) for k, v in batch.items()}
+        return self._forward(mb, temperature, compute_entropy)
 
     def _forward_shared_prefix(
         self, mb: Batch, temperature: float, *args: Any, **kwargs: Any
@@ -356,9 +339,9 @@ class HFTrainEngine:
         )
         self.precision.unscale_(self.model.parameters())
         clip = self.config.optimizer.gradient_clipping
-        grad_norm = self._clip_grad_norm(clip if clip > 0 else math.inf)
-        grad_norm_f, loss_finite, loss_stats = self._global_step_stats(
-            grad_norm, loss_total, stat_sums, sum(weights)
+        grad_norm = self.backend.clip_grad_norm(self.model, clip if clip > 0 else math.inf)
+        grad_norm_f, loss_finite, loss_stats = global_step_stats(
+            grad_norm, loss_total, stat_sums, sum(weights), self.device
         )
         scale = self.precision.scale
         overflow = self.precision.overflowed(loss_finite, math.isfinite(grad_norm_f))
@@ -398,54 +381,23 @@ class HFTrainEngine:
         world = dist.world_size()
         stat_sums: dict[str, torch.Tensor | float] = {}
         loss_total: torch.Tensor | float = 0.0
-        n_idle = self._idle_micro_batches(len(mbs))
+        n_idle = self.backend.idle_micro_batches(len(mbs))
         for i, mb in enumerate(mbs):
             mb = {k: v.to(self.device) for k, v in mb.items()}
             last = i == len(mbs) - 1 and n_idle == 0
-            with self._grad_sync(last):
+            with self.backend.grad_sync(self.model, last):
                 logp, ent = forward(mb, temperature, True)
                 loss, stats = microbatch_loss(logp, ent, mb)
                 loss = _with_graph(loss, logp)
                 scale = weights[i] / total_weight * world if total_weight > 0 else 0.0
                 self.accelerator.backward(loss * (scale * self.precision.scale))
-            loss_total = loss_total + _as_f64(loss) * weights[i]
+            loss_total = loss_total + as_f64(loss) * weights[i]
             for k, v in stats.items():
-                stat_sums[k] = accumulate_stat(k, stat_sums.get(k), _as_f64(v), weights[i])
+                stat_sums[k] = accumulate_stat(k, stat_sums.get(k), as_f64(v), weights[i])
         for j in range(n_idle):  # sharded: backwards in step with ranks holding more
-            with self._grad_sync(j == n_idle - 1):
-                self.accelerator.backward(fsdp.idle_forward(self.model, self.device))
+            with self.backend.grad_sync(self.model, j == n_idle - 1):
+                self.accelerator.backward(self.backend.idle_forward(self.model))
         return loss_total, stat_sums
-
-    def _global_step_stats(
-        self,
-        grad_norm: torch.Tensor,
-        loss_total: torch.Tensor | float,
-        stat_sums: dict[str, torch.Tensor | float],
-        stat_weight: float,
-    ) -> tuple[float, bool, dict[str, float]]:
-        """The step's grad norm, whether every rank's loss is finite and its loss stats, the
-        same on every rank.
-
-        One host sync for this rank's values, then one all-reduce; each loss stat is its
-        weighted sum over all ranks divided by the total weight (``stat_weight`` summed over
-        ranks; 1 when zero).
-        """
-        keys = sorted(k for k in stat_sums if extremum(k) is None)
-        ext_keys = sorted(k for k in stat_sums if extremum(k) is not None)
-        values = [grad_norm, loss_total] + [stat_sums[k] for k in keys + ext_keys]
-        host = torch.stack([_as_f64(v).to(self.device) for v in values]).tolist()
-        grad_norm_f, loss_total_f = host[0], host[1]
-        sums = dist.all_reduce_sum(
-            torch.tensor(
-                host[2 : 2 + len(keys)]
-                + [stat_weight, 0.0 if math.isfinite(loss_total_f) else 1.0],
-                dtype=torch.float64,
-            )
-        ).tolist()
-        denom = sums[-2] if sums[-2] > 0 else 1.0
-        loss_stats = {k: v / denom for k, v in zip(keys, sums)}
-        loss_stats.update(global_extrema(ext_keys, host[2 + len(keys) :]))
-        return grad_norm_f, sums[-1] == 0, loss_stats
 
     def _optimizer_step(self, grad_norm: float, skipped: bool, empty: bool, overflow: bool) -> None:
         """Step the optimizer and the LR scheduler, unless the step is ``skipped`` (non-finite
@@ -466,45 +418,43 @@ class HFTrainEngine:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    # -- state --------------------------------------------------------------------------------
+    # -- weights out --------------------------------------------------------------------------
+
+    def weights_for_rollout(self) -> RolloutWeights:
+        """The policy's weights as the rollout side takes them, at :attr:`version`
+        (:class:`~areal_m2po.engine.rollout_weights.RolloutWeights`): full tensors under the
+        plain model's names, and a plain model, the engine's own module only when no copy is
+        needed (not sharded, no LoRA adapter, not float16 mixed precision). Building it is no
+        collective; consuming its streams is, when sharded."""
+        own = not (self.sharded or self.lora or self.precision.enabled)
+        model = self.unwrapped
+        return RolloutWeights(
+            version=self.version,
+            named_tensors=self.full_tensors,
+            model=(lambda: model) if own else self.build_full_model,
+            own_module=own,
+            model_config=model.config,
+            generation_config=getattr(model, "generation_config", None),
+        )
 
     def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` of every model state entry, one at a time (for the rollout
         engine). Sharded: gathered one tensor at a time; a collective every rank must consume
         to the end. With LoRA: the merged weights under the base model's names."""
         stream = self.full_tensors_raw()
-        if self.lora:  # the base model's names, W + s * B @ A layer by layer
-            return lora.merged_named_tensors(stream, lora.lora_scalings(self.unwrapped))
+        if self.adapter is not None:  # the base model's names, W + s * B @ A layer by layer
+            return self.adapter.merged(self.unwrapped, stream)
         return stream
 
     def full_tensors_raw(self) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`full_tensors` as the model names them (a LoRA model's adapters unmerged)."""
-        if self.sharded:
-            return fsdp.iter_full_tensors(self.model)
-        return iter(self.unwrapped.state_dict().items())
+        return self.backend.full_tensors(self.model)
 
-    @torch.no_grad()
-    def forward_tokens_base(
-        self, batch: Batch, temperature: float, compute_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward_tokens` of the base model, the LoRA adapter disabled (the KL
-        reference policy of a LoRA actor, without a second copy of the weights)."""
-        assert self.lora, "forward_tokens_base needs a LoRA engine"
-        with lora.adapter_disabled(self.unwrapped):
-            return self.forward_tokens(batch, temperature, compute_entropy)
-
-    def lora_reference(self, ref: RefConfig, kl_ctl: float) -> Any:
-        """The KL reference policy of a LoRA actor as its own base model, adapter disabled
-        (:class:`~areal_m2po.engine.lora_reference.LoRABaseReference`: no second copy of the
-        weights), when a KL term is on (``kl_ctl > 0``) and the reference is that model
-        (``ref.path`` null or this model's path, same dtype); else None (a reference engine
-        is loaded, or none is needed)."""
-        same = ref.path in (None, self.config.path) and ref.dtype == self.config.dtype
-        if not (self.lora and same and kl_ctl > 0):
-            return None
-        from areal_m2po.engine.lora_reference import LoRABaseReference
-
-        return LoRABaseReference(self)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model state as the model names it, on the main process (the others may
+        get an empty dict); a collective when sharded. What a trainer saving a model of its
+        own kind (a reward model) writes."""
+        return self.backend.full_state_on_main(self.model)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model weights on every rank (a collective when sharded)."""
@@ -512,26 +462,47 @@ class HFTrainEngine:
 
     def build_full_model(self) -> torch.nn.Module:
         """An unsharded copy of the model on this rank's device, e.g. to seed the rollout
-        engine (a collective when sharded: the weights are gathered tensor by tensor)."""
-        if self.lora:  # a plain model holding the merged weights
-            dtype = _TORCH_DTYPES[self.config.dtype]
-            return lora.merged_model_from(
-                self.unwrapped, self.full_tensors_raw(), self.device, dtype
-            )
-        if not self.sharded:  # float16: a float16 copy of the float32 master weights
-            copy_dtype = _TORCH_DTYPES[self.config.dtype] if self.precision.enabled else None
-            return copy.deepcopy(self.unwrapped).to(dtype=copy_dtype)
-        from transformers import AutoModelForCausalLM
+        engine (a collective when sharded: the weights are gathered tensor by tensor). With
+        LoRA: a plain model holding the merged weights; float16 mixed precision: a float16
+        copy of the float32 master weights."""
+        if self.adapter is not None:
+            return self.adapter.merged_model(self.unwrapped, self.full_tensors_raw(), self.device)
+        dtype = TORCH_DTYPES[self.config.dtype] if self.precision.enabled else None
+        return self.backend.plain_copy(self.model, dtype)
 
-        model = AutoModelForCausalLM.from_config(
-            self.unwrapped.config, dtype=_TORCH_DTYPES[self.config.dtype]
-        ).to(self.device)
-        own = model.state_dict()
-        with torch.no_grad():
-            for name, value in self.full_tensors():
-                if name in own:
-                    own[name].copy_(value)
-        return model
+    # -- the base model of a LoRA engine ------------------------------------------------------
+
+    @torch.no_grad()
+    def forward_tokens_base(
+        self, batch: Batch, temperature: float, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward_tokens` of the base model, the LoRA adapter disabled (the KL
+        reference policy of a LoRA actor, without a second copy of the weights)."""
+        assert self.adapter is not None, "forward_tokens_base needs a LoRA engine"
+        with self.adapter.disabled(self.unwrapped):
+            return self.forward_tokens(batch, temperature, compute_entropy)
+
+    def adapter_base_reference(self) -> Any:
+        """This LoRA engine's base model as a frozen reference policy
+        (:class:`~areal_m2po.engine.lora_reference.LoRABaseReference`: no second copy of the
+        weights); None without a LoRA adapter."""
+        if self.adapter is None:
+            return None
+        from areal_m2po.engine.lora_reference import LoRABaseReference
+
+        return LoRABaseReference(self)
+
+    def lora_reference(self, ref: RefConfig, kl_ctl: float) -> Any:
+        """The KL reference policy of a LoRA actor as its own base model
+        (:meth:`adapter_base_reference`), when a KL term is on (``kl_ctl > 0``) and the
+        reference is that model (``ref.path`` null or this model's path, same dtype); else
+        None (a reference engine is loaded, or none is needed)."""
+        same = ref.path in (None, self.config.path) and ref.dtype == self.config.dtype
+        if not (same and kl_ctl > 0):
+            return None
+        return self.adapter_base_reference()
+
+    # -- saves and recover checkpoints --------------------------------------------------------
 
     def save_hf(self, path: str, tokenizer: Any | None = None) -> None:
         """``save_pretrained`` (safetensors) of the model, plus the tokenizer; rank 0 writes
@@ -539,14 +510,9 @@ class HFTrainEngine:
         and the merged model in ``path/merged`` when ``lora.save_merged``. Weights holding NaN
         or infinity are never saved (:func:`check_finite_weights` raises first)."""
         check_finite_weights(self.model, path)
-        if self.sharded:
-            state = fsdp.full_state_dict_on_rank0(self.model)
-        else:
-            state = self.accelerator.get_state_dict(self.model)
-        if self.accelerator.is_main_process and self.lora:
-            assert self.config.lora is not None
-            save_merged = self.config.lora.save_merged
-            lora.save_lora_pretrained(self.unwrapped, path, state, save_merged, tokenizer)
+        state = self.full_state_dict()
+        if self.accelerator.is_main_process and self.adapter is not None:
+            self.adapter.save(self.unwrapped, path, state, tokenizer)
         elif self.accelerator.is_main_process:
             model = hf_model.as_pretrained(self.unwrapped)
             model.save_pretrained(path, state_dict=state, safe_serialization=True)
@@ -565,35 +531,15 @@ class HFTrainEngine:
         state: dict[str, Any] = {"version": self.version}
         if self.precision.enabled:
             state["loss_scale"] = self.precision.state_dict()
-        if self.sharded:
-            if shard_dir is None:
-                raise ValueError("a sharded engine writes its training state to a shard_dir")
-            fsdp.save_sharded(self.model, self.optimizer, shard_dir)
-            state["sharded"] = True
-        else:
-            state["model"] = self.accelerator.get_state_dict(self.model)
-            if self.optimizer is not None:
-                state["optimizer"] = self.optimizer.state_dict()
+        self.backend.save_state(self.model, self.optimizer, shard_dir, state)
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
     def load_training_state(self, state: dict[str, Any], shard_dir: str | None = None) -> None:
         """Restore :meth:`training_state` (sharded: from ``shard_dir``, same world size)."""
-        if bool(state.get("sharded", False)) != self.sharded:
-            raise ValueError(
-                "written with backend "
-                + ("fsdp2" if state.get("sharded") else "ddp")
-                + f" but this run uses backend {self.config.backend}"
-            )
-        if self.sharded:
-            if shard_dir is None:
-                raise ValueError("a sharded engine loads its training state from a shard_dir")
-            fsdp.load_sharded(self.model, self.optimizer, shard_dir)
-        else:
-            self.unwrapped.load_state_dict(state["model"])
-            if self.optimizer is not None and "optimizer" in state:
-                self.optimizer.load_state_dict(state["optimizer"])
+        self.backend.check_state_backend(state)
+        self.backend.load_state(self.model, self.optimizer, shard_dir, state)
         self.version = int(state["version"])
         self.precision.load_state_dict(state.get("loss_scale"))
         sched, opt = state.get("scheduler"), self.config.optimizer  # and this run's lr, betas

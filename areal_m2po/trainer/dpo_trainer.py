@@ -143,10 +143,9 @@ class DPOTrainer(RecoverableSupervisedTrainer):
         """The frozen reference: the LoRA policy's own base model when ``ref_path`` is null
         (or the policy's path), else a frozen engine loading ``ref_path`` or ``model.path``."""
         cfg = self.config
-        if self.engine.lora and cfg.ref_path in (None, cfg.model.path):
-            from areal_m2po.engine.lora_reference import LoRABaseReference
-
-            return LoRABaseReference(self.engine)
+        base = self.engine.adapter_base_reference()  # None without LoRA
+        if base is not None and cfg.ref_path in (None, cfg.model.path):
+            return base
         from areal_m2po.engine.train_engine import HFTrainEngine
 
         ref_cfg = TrainEngineConfig(

@@ -151,10 +151,10 @@ def config_extras(config: Any) -> Iterator[tuple[str, str, str, tuple[str, ...]]
             feature = "the agent workflow's OpenAI-compatible endpoint"
             yield "rollout.workflow", feature, "agent", ("fastapi", "uvicorn")
     for section in ("actor", "critic", "model"):
-        engine = getattr(config, section, None)
-        if engine is None or getattr(engine, "enabled", True) is False:
+        engine_cfg = getattr(config, section, None)  # a config section, no engine
+        if engine_cfg is None or getattr(engine_cfg, "enabled", True) is False:
             continue
-        if getattr(engine, "lora", None) is not None:
+        if getattr(engine_cfg, "lora", None) is not None:
             yield f"{section}.lora", "LoRA adapters", "lora", EXTRAS["lora"]
     if config.stats_logger.tensorboard.path:
         yield (

@@ -279,8 +279,8 @@ class RLTrainer(RecoverableStepLoop):
         """Whether the rollout engine's log-probs are the trainer's own (float16 mixed
         precision: the trainer computes under autocast, the engine does not)."""
         engine = self.rollout.engine
-        exact = getattr(engine, "exact_logprobs", False) and not self.actor_engine.precision.enabled
-        return bool(exact)
+        exact = getattr(engine, "exact_logprobs", False)
+        return bool(exact) and self.actor_engine.computes_like_plain_model()
 
     def _check_behaviour_source(self) -> None:
         """Warn once when the engine's log-probs are not the trainer's own and no proximal
@@ -302,27 +302,21 @@ class RLTrainer(RecoverableStepLoop):
 
     def _build_rollout(self) -> RolloutExecutor:
         """The rollout executor and engine of ``cfg.rollout`` (sync: generation from the policy
-        in this process, a plain copy of it for a sharded or LoRA policy; async: rollout
+        in this process, a plain copy of it where the engine needs one; async: rollout
         servers, no copy here)."""
         from areal_m2po.rollout.factory import RolloutParts, build_rollout
         from areal_m2po.rollout.rewards import RewardSources
 
-        engine = self.actor_engine
-        # the sync HF engine generates from the trainer's own module: its weights are the
-        # behaviour policy's whenever it generates (the weight sync follows every update);
-        # without mixed precision, so that generation runs the very code a copy would
+        weights = self.actor_engine.weights_for_rollout()
+        # the sync HF engine generates from the trainer's own module when the engine hands it
+        # out (no copy needed): its weights are the behaviour policy's whenever it generates
+        # (the weight sync follows every update); without Accelerate's mixed precision, so
+        # that generation runs the very code a copy would
         share = (
             self.share_rollout_policy
-            and not (engine.sharded or engine.lora)
+            and weights.own_module
             and str(self.accelerator.mixed_precision) == "no"
         )
-
-        def policy_model() -> torch.nn.Module:
-            # sharded: an unsharded copy gathered once (the engine copies what it is given)
-            # lora: a plain model holding the merged weights; float16: a float16 copy
-            copy = engine.sharded or engine.lora or engine.precision.enabled
-            return engine.build_full_model() if copy else engine.unwrapped
-
         parts = RolloutParts(
             tokenizer=self.tokenizer,
             loader=self.loader,
@@ -331,9 +325,9 @@ class RLTrainer(RecoverableStepLoop):
             rank=self.rank,
             world=self.world,
             device=self.accelerator.device,
-            policy_model=policy_model,
-            model_config=engine.unwrapped.config,
-            generation_config=getattr(engine.unwrapped, "generation_config", None),
+            policy_model=weights.model,
+            model_config=weights.model_config,
+            generation_config=weights.generation_config,
             share_policy=share,
             workflow=self._given_workflow,
         )
@@ -386,11 +380,8 @@ class RLTrainer(RecoverableStepLoop):
                 stats.update(self.critic.ppo_update(batch))
         with phase("sync", stats):
             # full tensors one at a time (sharded: gathered layer by layer, no second full copy)
-            stats.update(
-                self.rollout.update_weights(
-                    self.actor_engine.full_tensors(), self.actor_engine.version
-                )
-            )
+            weights = self.actor_engine.weights_for_rollout()
+            stats.update(self.rollout.update_weights(weights.named_tensors(), weights.version))
         if "actor/kl_ref" in stats:
             stats["actor/kl"] = stats["actor/kl_ref"]
         elif "actor/approx_kl" in stats:
@@ -458,8 +449,8 @@ class RLTrainer(RecoverableStepLoop):
         }
         if self.critic is not None:
             state["critic"] = self.critic.engine.training_state(_shards(shard_dir, "critic"))
-        engine = self.actor_engine
-        state["rollout"] = self.rollout.engine_state(engine.full_tensors(), engine.version)
+        weights = self.actor_engine.weights_for_rollout()
+        state["rollout"] = self.rollout.engine_state(weights.named_tensors(), weights.version)
         state["rank"] = {"rank": self.rank, "rng": recover.capture_rng(), "queue": list(self.queue)}
         return state
 
@@ -500,7 +491,7 @@ class RLTrainer(RecoverableStepLoop):
             loaders.append(("critic", load_engine(self.critic.engine, "critic")))
 
         def policy() -> Iterable[tuple[str, torch.Tensor]]:  # gathered once, as (name, tensor)
-            return self.actor_engine.state_dict_for_sync().items()
+            return dict(self.actor_engine.weights_for_rollout().named_tensors()).items()
 
         load_rollout = functools.partial(self.rollout.load_engine_state, policy=policy)
         return [*loaders, ("rollout", load_rollout), ("rank", load_rank)]
@@ -511,7 +502,8 @@ class RLTrainer(RecoverableStepLoop):
         """Start the rollout side, then the start-up lines: the run, the actor's plan and the
         trust-region warnings."""
         cfg = self.config
-        self.rollout.start(self.actor_engine.full_tensors, self.actor_engine.version)
+        weights = self.actor_engine.weights_for_rollout()
+        self.rollout.start(weights.named_tensors, weights.version)
         logger.info(
             "training %d steps: %s, %d prompts x %d samples per step, staleness %d, M2PO %s, "
             "train on %s, %s, output_dir %s",

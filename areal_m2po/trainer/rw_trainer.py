@@ -167,6 +167,7 @@ class RWTrainer(SupervisedTrainer):
             model = apply_lora(model, mcfg.lora)
             if mcfg.gradient_checkpointing:
                 as_pretrained(model).enable_input_require_grads()
+        self._scored = model  # the engine trains it inside its scorer, in place
         self.engine = HFTrainEngine(
             _engine_config(mcfg),
             self.accelerator,
@@ -178,16 +179,14 @@ class RWTrainer(SupervisedTrainer):
     @property
     def model(self) -> torch.nn.Module:
         """The (unwrapped) sequence-classification model."""
-        return self.engine.unwrapped.model
+        return self._scored
 
     # -- scoring ------------------------------------------------------------------------------
 
     def _pair_scores(self, pairs: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) rewards ``[P]`` of ``pairs`` in one forward (right padding)."""
         batch = collate_pairs(pairs, self.tokenizer.pad_token_id)
-        mb = {k: v.to(self.engine.device) for k, v in batch.items()}
-        with self.engine.precision.autocast():
-            scores, _ = score_pairs(self.engine.model, mb, 1.0, False)
+        scores, _ = self.engine.forward_whole(batch)  # score_pairs, in eval mode
         return scores[:, 0], scores[:, 1]
 
     def _gathered_stats(
@@ -230,7 +229,6 @@ class RWTrainer(SupervisedTrainer):
         t0 = time.perf_counter()
         mine = self.valid_items[self.rank :: self.world]
         bs = self.config.valid_dataset.batch_size if self.config.valid_dataset else 16
-        self.engine.model.eval()
         chosen_all, rejected_all = [torch.zeros(0)], [torch.zeros(0)]
         for i in range(0, len(mine), bs):
             chosen, rejected = self._pair_scores(mine[i : i + bs])
@@ -249,7 +247,7 @@ class RWTrainer(SupervisedTrainer):
         ``model.lora``: the adapter and score head, and with ``lora.save_merged`` the merged
         model in ``<path>/merged`` (what ``reward.model.path`` of PPO loads)."""
         path = os.path.join(self.output_dir, "checkpoints", tag)
-        state = self.accelerator.get_state_dict(self.engine.model)
+        state = self.engine.full_state_dict()
         lora_cfg = self.config.model.lora
         if self.is_main:
             inner = {k.removeprefix("model."): v for k, v in state.items()}

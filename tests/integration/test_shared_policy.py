@@ -98,3 +98,43 @@ def test_training_without_the_copy_is_bit_identical(tmp_path, staleness):
         runs.append(_untimed(_run(cfg, share)))
     assert len(runs[0]) == 4
     assert runs[0] == runs[1]
+
+
+def test_a_float16_policy_rolls_out_from_a_copy_that_follows_the_updates(tmp_path):
+    """float16 mixed precision trains float32 master weights under autocast, so the engine
+    hands the rollout side a float16 copy, never its own module (the sync HF engine used to
+    share that copy and never refresh it): the trainer syncs it through
+    ``weights_for_rollout`` after every update, and it ends equal to the final masters in
+    float16."""
+    from areal_m2po.trainer.rl_trainer import RLTrainer
+
+    cfg = tiny_config(tmp_path, steps=2, staleness=0, dtype="float16")
+    cfg.saver.freq_steps = None
+    cfg.saver.save_at_end = False
+    cfg.evaluator.freq_steps = None
+    cfg.evaluator.eval_at_end = False
+    trainer = RLTrainer(cfg)
+    engine = trainer.actor_engine
+    handed: list[int] = []
+    hand_over = engine.weights_for_rollout
+
+    def spy():
+        weights = hand_over()
+        handed.append(weights.version)
+        return weights
+
+    engine.weights_for_rollout = spy
+    try:
+        generator = trainer.rollout.engine.generator
+        assert not generator.share and generator.model is not engine.unwrapped
+        start = {k: v.clone() for k, v in generator.model.state_dict().items()}
+        trainer.train()
+        want = engine.build_full_model().state_dict()
+        got = generator.model.state_dict()
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            assert value.dtype == torch.float16 and torch.equal(got[name], value), name
+        assert any(not torch.equal(got[k], start[k]) for k in start), "the copy never moved"
+    finally:
+        trainer.close()
+    assert handed == [0, 1, 2] and engine.version == 2  # start, then one sync per step

@@ -7,7 +7,8 @@ import torch
 from areal_m2po.algo.critic_loss import ppo_critic_loss
 from areal_m2po.api.cli_args import CriticConfig
 from areal_m2po.engine.builtin_models import resolve_model_path
-from areal_m2po.engine.train_engine import _TORCH_DTYPES, HFTrainEngine
+from areal_m2po.engine.precision import TORCH_DTYPES
+from areal_m2po.engine.train_engine import HFTrainEngine
 from areal_m2po.utils import dist
 from areal_m2po.utils.data import Batch, select_rows, trim_columns
 
@@ -19,7 +20,7 @@ def load_value_model(path: str, dtype: str, attn_implementation: str) -> torch.n
     return AutoModelForTokenClassification.from_pretrained(
         resolve_model_path(path),
         num_labels=1,
-        dtype=_TORCH_DTYPES[dtype],
+        dtype=TORCH_DTYPES[dtype],
         attn_implementation=attn_implementation,
     )
 
